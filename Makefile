@@ -1,0 +1,45 @@
+# Two front-door commands: `make run` (the demo) and `make test` (everything CI runs).
+# Both bootstrap .venv from a bare python3 and are idempotent.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-dev
+
+.PHONY: run test lint typecheck unit e2e bench sim clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/watchd demo
+
+sim: $(STAMP)
+	$(BIN)/watchd sim --scenario demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check watchd tests bench
+	$(BIN)/ruff format --check watchd tests bench
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict watchd
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+e2e: $(STAMP)
+	$(BIN)/pytest tests/e2e
+
+test: lint typecheck
+	$(BIN)/pytest tests
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
