@@ -1,0 +1,311 @@
+"""Tolerant readers for Coder's chat payloads, across every API era.
+
+Unknown fields are ignored, unknown statuses and event kinds are kept as
+strings, ``last_error`` may be an object or a plain string, ``null`` and
+absent mean the same, and timestamps become epoch seconds (timezone-aware;
+a zone-less one is read as UTC, which is what Coder writes). What we cannot
+do without (a chat id, a status) raises :class:`PayloadError` naming the field.
+
+Plain functions over dicts, not pydantic: this is the hot path of the watch
+stream and must stay cheap per event.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, NewType
+
+from watchd.coder.errors import PayloadError
+
+ChatId = NewType("ChatId", str)
+
+ACTIVE_STATUSES = frozenset({"running", "pending", "interrupting"})
+BLOCKED_STATUSES = frozenset({"requires_action"})
+IDLE_STATUSES = frozenset({"waiting", "completed", "paused", "error"})
+KNOWN_STATUSES = ACTIVE_STATUSES | BLOCKED_STATUSES | IDLE_STATUSES
+
+KNOWN_KINDS = frozenset(
+    {
+        "status_change",
+        "summary_change",
+        "chat_summary_change",
+        "title_change",
+        "created",
+        "deleted",
+        "diff_status_change",
+        "action_required",
+        "context_dirty",
+        "capacity_change",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatError:
+    """A chat's ``last_error``, classified (``chaterror`` kinds; unknown kinds read as generic)."""
+
+    message: str
+    detail: str = ""
+    kind: str = "generic"
+    provider: str = ""
+    retryable: bool = False
+    status_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Chat:
+    id: ChatId
+    status: str
+    updated_at: float | None = None
+    created_at: float | None = None
+    owner_id: str = ""
+    owner_username: str = ""
+    organization_id: str = ""
+    workspace_id: str | None = None
+    parent_chat_id: str | None = None
+    root_chat_id: str | None = None
+    title: str = ""
+    archived: bool = False
+    labels: tuple[tuple[str, str], ...] = ()
+    last_error: ChatError | None = None
+    queued_for_capacity: bool | None = None
+    children: tuple[Chat, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    tool_call_id: str
+    tool_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    kind: str
+    chat: Chat
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    id: str
+    username: str
+    organization_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    credits_consumed: int
+    budget: int  # -1: no quota configured/licensed, not "exhausted"
+
+    @property
+    def unlimited(self) -> bool:
+        return self.budget < 0
+
+    @property
+    def headroom(self) -> int | None:
+        return None if self.unlimited else self.budget - self.credits_consumed
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceBuild:
+    workspace_id: str
+    status: str
+    job_status: str = ""
+    error_code: str = ""
+
+
+_KNOWN_KINDS_ORDER = tuple(sorted(KNOWN_KINDS))
+
+
+def parse_time(value: Any, *, field_name: str) -> float | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise PayloadError(field_name, f"expected an RFC 3339 timestamp, got {type(value).__name__}")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise PayloadError(field_name, f"not an RFC 3339 timestamp: {value[:40]!r}") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def _opt_str(obj: dict[str, Any], key: str) -> str | None:
+    v = obj.get(key)
+    if v is None or v == "":
+        return None
+    return v if isinstance(v, str) else str(v)
+
+
+def _str(obj: dict[str, Any], key: str) -> str:
+    v = obj.get(key)
+    if v is None:
+        return ""
+    return v if isinstance(v, str) else str(v)
+
+
+def parse_chat_error(value: Any) -> ChatError | None:
+    """``last_error`` as an object (newest), a plain string (early text column), or null."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        return ChatError(message=value[:500])
+    if not isinstance(value, dict):
+        return ChatError(message=str(value)[:500])
+    status_code = value.get("status_code")
+    return ChatError(
+        message=_str(value, "message")[:500],
+        detail=_str(value, "detail")[:500],
+        kind=_str(value, "kind") or "generic",
+        provider=_str(value, "provider"),
+        retryable=value.get("retryable") is True,
+        status_code=status_code if isinstance(status_code, int) else None,
+    )
+
+
+def parse_chat(obj: Any, *, where: str = "chat") -> Chat:
+    if not isinstance(obj, dict):
+        raise PayloadError(where, f"expected an object, got {type(obj).__name__}")
+    chat_id = obj.get("id")
+    if not isinstance(chat_id, str) or not chat_id:
+        raise PayloadError(f"{where}.id", "missing or not a string")
+    status = obj.get("status")
+    if not isinstance(status, str) or not status:
+        raise PayloadError(f"{where}.status", "missing or not a string")
+    labels_raw = obj.get("labels")
+    labels: tuple[tuple[str, str], ...] = ()
+    if isinstance(labels_raw, dict):
+        labels = tuple(sorted((str(k), str(v)) for k, v in labels_raw.items()))
+    children_raw = obj.get("children")
+    children: tuple[Chat, ...] = ()
+    if isinstance(children_raw, list) and children_raw:
+        children = tuple(
+            parse_chat(c, where=f"{where}.children[{i}]") for i, c in enumerate(children_raw)
+        )
+    queued = obj.get("queued_for_capacity")
+    return Chat(
+        id=ChatId(chat_id),
+        status=status,
+        updated_at=parse_time(obj.get("updated_at"), field_name=f"{where}.updated_at"),
+        created_at=parse_time(obj.get("created_at"), field_name=f"{where}.created_at"),
+        owner_id=_str(obj, "owner_id"),
+        owner_username=_str(obj, "owner_username"),
+        organization_id=_str(obj, "organization_id"),
+        workspace_id=_opt_str(obj, "workspace_id"),
+        parent_chat_id=_opt_str(obj, "parent_chat_id"),
+        root_chat_id=_opt_str(obj, "root_chat_id"),
+        title=_str(obj, "title")[:300],
+        archived=obj.get("archived") is True,
+        labels=labels,
+        last_error=parse_chat_error(obj.get("last_error")),
+        queued_for_capacity=queued if isinstance(queued, bool) else None,
+        children=children,
+    )
+
+
+def flatten(chats: list[Chat]) -> list[Chat]:
+    """Roots followed by their embedded ``children``, each once (first occurrence wins)."""
+    seen: set[str] = set()
+    out: list[Chat] = []
+    stack = list(reversed(chats))
+    while stack:
+        chat = stack.pop()
+        if chat.id in seen:
+            continue
+        seen.add(chat.id)
+        out.append(chat)
+        stack.extend(reversed(chat.children))
+    return out
+
+
+class MalformedFrame(ValueError):
+    """A watch frame that cannot be understood; the connection should resync."""
+
+
+class ServerFrameError(Exception):
+    """An era-A ``{"type":"error"}`` envelope: the server reports a subscription failure."""
+
+
+def parse_watch_frame(text: str | bytes) -> WatchEvent | None:
+    """One watch-socket message → an event, or None for a keepalive.
+
+    Bare ``ChatWatchEvent`` objects (eras B–E) and ``{type, data}`` envelopes
+    (era A) are both accepted.
+    """
+    try:
+        obj = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedFrame(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise MalformedFrame(f"expected a JSON object, got {type(obj).__name__}")
+    if "kind" not in obj and "type" in obj:
+        frame_type = obj.get("type")
+        if frame_type == "ping":
+            return None
+        if frame_type == "error":
+            data = obj.get("data")
+            message = data.get("message") if isinstance(data, dict) else data
+            raise ServerFrameError(str(message)[:300])
+        if frame_type != "data":
+            raise MalformedFrame(f"unknown envelope type {str(frame_type)[:40]!r}")
+        obj = obj.get("data")
+        if not isinstance(obj, dict):
+            raise MalformedFrame("envelope data is not an object")
+    kind = obj.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise MalformedFrame("event.kind missing or not a string")
+    try:
+        chat = parse_chat(obj.get("chat"), where="event.chat")
+    except PayloadError as exc:
+        raise MalformedFrame(str(exc)) from None
+    calls: list[ToolCall] = []
+    raw_calls = obj.get("tool_calls")
+    if isinstance(raw_calls, list):
+        for c in raw_calls:
+            if isinstance(c, dict):
+                calls.append(ToolCall(_str(c, "tool_call_id"), _str(c, "tool_name")))
+    return WatchEvent(kind=kind, chat=chat, tool_calls=tuple(calls))
+
+
+def parse_user(obj: Any) -> User:
+    if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
+        raise PayloadError("user.id", "missing or not a string")
+    orgs = obj.get("organization_ids")
+    return User(
+        id=obj["id"],
+        username=_str(obj, "username"),
+        organization_ids=tuple(o for o in orgs if isinstance(o, str))
+        if isinstance(orgs, list)
+        else (),
+    )
+
+
+def parse_quota(obj: Any) -> Quota:
+    if not isinstance(obj, dict):
+        raise PayloadError("quota", "expected an object")
+    consumed = obj.get("credits_consumed")
+    budget = obj.get("budget")
+    if not isinstance(consumed, int) or isinstance(consumed, bool):
+        raise PayloadError("quota.credits_consumed", "missing or not an integer")
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        raise PayloadError("quota.budget", "missing or not an integer")
+    return Quota(credits_consumed=consumed, budget=budget)
+
+
+def parse_workspace_build(obj: Any) -> WorkspaceBuild:
+    if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
+        raise PayloadError("workspace.id", "missing or not a string")
+    build = obj.get("latest_build")
+    if not isinstance(build, dict):
+        raise PayloadError("workspace.latest_build", "missing or not an object")
+    job = build.get("job") if isinstance(build.get("job"), dict) else {}
+    assert isinstance(job, dict)
+    return WorkspaceBuild(
+        workspace_id=obj["id"],
+        status=_str(build, "status"),
+        job_status=_str(job, "status"),
+        error_code=_str(job, "error_code"),
+    )

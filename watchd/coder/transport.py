@@ -1,0 +1,232 @@
+"""The one I/O seam for everything watchd says to Coder.
+
+Every request and every watch dial passes through :class:`Transport`, which
+adds the token (only ever in the ``Coder-Session-Token`` header), learns the
+deployment's clock from ``Date``, paces requests through the identity's
+limiter, and emits ``http:*`` / ``ws:*`` transport events. Nothing above this
+module touches aiohttp's client directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+
+from watchd.clock import ServerClock
+from watchd.coder.backoff import retry_hint
+from watchd.coder.errors import CoderError, error_from_body
+from watchd.telemetry.events import EventSink, EventSource, NullSink, now_ms
+
+USER_AGENT = "watchd/0.1 (+https://github.com/coder/coder chats monitor)"
+
+
+class RateLimiter:
+    """A token bucket on the loop clock: ``rate`` requests per second, ``burst`` at once.
+
+    Coder limits each user to about 512 requests per minute per endpoint; the
+    default keeps one identity well under that for every endpoint together.
+    """
+
+    def __init__(self, *, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._tokens = float(burst)
+        self._stamp: float | None = None
+        self._lock = asyncio.Lock()
+        self.waited = 0
+
+    async def acquire(self) -> None:
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            if self._stamp is None:
+                self._stamp = now
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            if self._tokens < 1.0:
+                wait = (1.0 - self._tokens) / self.rate
+                self.waited += 1
+                await asyncio.sleep(wait)
+                self._tokens = 1.0
+                self._stamp = loop.time()
+            self._tokens -= 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        if not self.body:
+            return None
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            return self.body.decode("utf-8", "replace")
+
+
+class Transport:
+    """HTTP and WebSocket access to one Coder deployment as one identity."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        token: str,
+        session: aiohttp.ClientSession,
+        identity: str = "",
+        events: EventSink | None = None,
+        source: EventSource | None = None,
+        server_clock: ServerClock | None = None,
+        limiter: RateLimiter | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._token = token
+        self._session = session
+        self.identity = identity
+        self._events: EventSink = events or NullSink()
+        self._source = source or EventSource(service="watchd", instance="local", agent=identity)
+        self.server_clock = server_clock or ServerClock()
+        self.limiter = limiter or RateLimiter(rate=6.0, burst=30)
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, 10.0))
+        self._ids = itertools.count(1)
+        self.requests = 0
+
+    def set_token(self, token: str) -> None:
+        self._token = token
+
+    def _headers(self) -> dict[str, str]:
+        return {
+            "Coder-Session-Token": self._token,
+            "Accept": "application/json",
+            "User-Agent": USER_AGENT,
+        }
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        try:
+            self._events.emit(self._source, event)
+        except Exception:  # noqa: BLE001 - telemetry must never break traffic
+            pass
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: list[tuple[str, str]] | None = None,
+        json_body: Any = None,
+    ) -> Response:
+        """One HTTP exchange. Non-2xx answers raise :class:`CoderError` (with hints)."""
+        await self.limiter.acquire()
+        full_path = path + ("?" + urlencode(params) if params else "")
+        rid = f"{self.identity}-{next(self._ids)}"
+        self.requests += 1
+        self._emit(
+            {"type": "http:request", "timestamp": now_ms(), "id": rid, "method": method,
+             "path": full_path}
+        )
+        sent_wall = self.server_clock.wall_now()
+        started = time.monotonic()
+        try:
+            async with self._session.request(
+                method,
+                self.base_url + full_path,
+                headers=self._headers(),
+                json=json_body,
+                timeout=self._timeout,
+                allow_redirects=False,
+            ) as resp:
+                body = await resp.read()
+                status = resp.status
+                headers = {k: v for k, v in resp.headers.items()}
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            duration = (time.monotonic() - started) * 1000
+            message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self._emit(
+                {"type": "http:error", "timestamp": now_ms(), "id": rid, "method": method,
+                 "path": full_path, "message": message[:300], "durationMs": round(duration, 1)}
+            )
+            raise CoderError(
+                status=None, message=message[:300], method=method, path=full_path
+            ) from None
+        duration = (time.monotonic() - started) * 1000
+        self.server_clock.observe(
+            headers.get("Date"), sent_at=sent_wall, received_at=self.server_clock.wall_now()
+        )
+        ok = 200 <= status < 300
+        self._emit(
+            {"type": "http:response", "timestamp": now_ms(), "id": rid, "method": method,
+             "path": full_path, "status": status, "ok": ok, "durationMs": round(duration, 1)}
+        )
+        response = Response(status=status, headers=headers, body=body)
+        if not ok:
+            hint = retry_hint(headers, server_now=self.server_clock.now())
+            raise error_from_body(
+                status=status, body=response.json(), method=method, path=full_path,
+                retry_after=hint,
+            )
+        return response
+
+    async def ws_connect(
+        self, path: str, *, heartbeat: float, reader: int, attempt: int
+    ) -> aiohttp.ClientWebSocketResponse:
+        """Dial a WebSocket. Upgrade refusals raise :class:`CoderError` with the HTTP status.
+
+        No ``Origin`` header is sent: Coder's accept rejects foreign origins.
+        """
+        url = self.base_url + path
+        ws_url = "ws" + url[4:] if url.startswith("http") else url
+        self._emit(
+            {"type": "ws:dial", "timestamp": now_ms(), "reader": reader, "attempt": attempt,
+             "url": ws_url, "chatId": None}
+        )
+        sent_wall = self.server_clock.wall_now()
+        try:
+            ws = await self._session.ws_connect(
+                url,
+                headers=self._headers(),
+                heartbeat=heartbeat,
+                autoping=True,
+                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+                max_msg_size=1 << 20,
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            self._emit(
+                {"type": "ws:error", "timestamp": now_ms(), "reader": reader,
+                 "attempt": attempt, "message": f"upgrade refused: HTTP {exc.status}"}
+            )
+            self._emit({"type": "ws:close", "timestamp": now_ms(), "reader": reader,
+                        "attempt": attempt, "code": exc.status, "reason": "upgrade refused"})
+            headers = dict(exc.headers or {})
+            hint = retry_hint(headers, server_now=self.server_clock.now())
+            raise CoderError(
+                status=exc.status, message=exc.message or "upgrade refused", method="GET",
+                path=path, retry_after=hint,
+            ) from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            message = f"{type(exc).__name__}: {exc}"[:300]
+            self._emit({"type": "ws:error", "timestamp": now_ms(), "reader": reader,
+                        "attempt": attempt, "message": message})
+            self._emit({"type": "ws:close", "timestamp": now_ms(), "reader": reader,
+                        "attempt": attempt, "code": 1006, "reason": "dial failed"})
+            raise CoderError(status=None, message=message, method="GET", path=path) from None
+        date = ws._response.headers.get("Date") if ws._response is not None else None
+        self.server_clock.observe(date, sent_at=sent_wall, received_at=self.server_clock.wall_now())
+        self._emit({"type": "ws:open", "timestamp": now_ms(), "reader": reader,
+                    "attempt": attempt, "chatId": None})
+        return ws
+
+    def emit_ws(self, event_type: str, *, reader: int, attempt: int, **fields: Any) -> None:
+        """Emit a ``ws:*`` event for a connection dialed through :meth:`ws_connect`."""
+        self._emit({"type": event_type, "timestamp": now_ms(), "reader": reader,
+                    "attempt": attempt, "chatId": None, **fields})

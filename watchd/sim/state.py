@@ -1,0 +1,445 @@
+"""The simulator's world: users, chats, workspaces, quota, watch subscribers,
+the chat lifecycle engine, and faults on demand.
+
+All of it is in-process and deterministic under a seed; the HTTP layer in
+:mod:`watchd.sim.server` only translates requests into calls on this object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from watchd.sim.eras import ERAS, Era
+
+ACTIVE = frozenset({"running", "pending", "interrupting"})
+ARCHIVABLE = frozenset({"waiting", "error"})
+
+
+def iso(ts: float) -> str:
+    """Go's RFC 3339 with nanoseconds, as Coder writes timestamps."""
+    dt = datetime.fromtimestamp(ts, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond:06d}123Z"
+
+
+@dataclass
+class Step:
+    """Stay in ``status`` for ``after`` seconds, then move to the next step (None: forever)."""
+
+    status: str
+    after: float | None = None
+    silent: bool = False  # the transition into this step is never published on the stream
+    last_error: dict[str, Any] | None = None
+
+
+@dataclass
+class SimUser:
+    id: str
+    username: str
+    token: str
+    org_id: str
+    revoked: bool = False
+    quota_budget: int = -1
+    credits_consumed: int = 0
+
+
+@dataclass
+class SimWorkspace:
+    id: str
+    owner_id: str
+    name: str
+    build_status: str = "running"  # pending | starting | running | failed | stopped
+    job_status: str = "succeeded"
+    error_code: str = ""
+    cost: int = 10
+
+
+@dataclass
+class SimChat:
+    id: str
+    owner_id: str
+    org_id: str
+    title: str
+    status: str
+    created_at: float
+    updated_at: float
+    entered_at: float
+    parent_id: str | None = None
+    root_id: str | None = None
+    workspace_id: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    last_error: Any = None
+    archived: bool = False
+    pin_order: int = 0
+    queued_for_capacity: bool = False
+    script: deque[Step] = field(default_factory=deque)
+    # While running, bump updated_at this often (CommitStep); None: no progress at all.
+    progress_every: float | None = None
+    # Interrupt never completes (a wedged runner): stays `interrupting`.
+    wedged: bool = False
+    interrupt_settle: float = 1.0
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Faults:
+    event_loss: float = 0.0  # fraction of watch events silently not delivered
+    error_rate: float = 0.0  # fraction of REST requests answered with error_status
+    error_status: int = 500
+    latency: float = 0.0  # seconds added to every REST response
+    throttle_next: int = 0  # the next N REST requests answer 429
+    throttle_retry_after: float = 1.0
+    malformed_next: int = 0  # the next N watch frames are garbage
+    unavailable_until: float = 0.0  # monotonic; 503 for everything until then (restart)
+    subscribe_fail: bool = False  # the watch handler's pubsub subscribe fails (HTTP 500)
+    chatd_enabled: bool = True  # False: mutations answer 503 "AI Gateway must be enabled"
+    enterprise: bool = True  # False: quota routes 404 (OSS build)
+
+
+@dataclass(eq=False)
+class Subscriber:
+    user_id: str
+    queue: asyncio.Queue[dict[str, Any] | None]
+    dropped: int = 0
+
+
+class SimError(Exception):
+    """An error answer: status and Coder's ``{message, detail}`` body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        detail: str = "",
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        self.status = status
+        self.headers = headers or {}
+        self.body: dict[str, Any] = {"message": message, **extra}
+        if detail:
+            self.body["detail"] = detail
+        super().__init__(message)
+
+
+class SimState:
+    def __init__(
+        self,
+        *,
+        era: str = "E",
+        seed: int = 1,
+        clock_offset: float = 0.0,
+        ping_interval: float = 15.0,
+        rate_limit: int = 512,
+        subscriber_buffer: int = 1024,
+    ) -> None:
+        self.era: Era = ERAS[era]
+        self.rng = random.Random(seed)
+        self.clock_offset = clock_offset
+        self.ping_interval = ping_interval
+        self.rate_limit = rate_limit
+        self.subscriber_buffer = subscriber_buffer
+        self.users: dict[str, SimUser] = {}
+        self.chats: dict[str, SimChat] = {}
+        self.workspaces: dict[str, SimWorkspace] = {}
+        self.subscribers: set[Subscriber] = set()
+        self.faults = Faults()
+        self.org_id = self.new_id()
+        self.published = 0
+        self.lost = 0
+        self.oversize = 0
+        self.requests = 0
+        self._rate: dict[tuple[str, str], tuple[float, int]] = {}
+        self._message_ids = 1000
+        self.drop_watch_requests: asyncio.Queue[int] | None = None
+        self.on_drop: list[Any] = []
+
+    # -- time and ids ----------------------------------------------------------------
+
+    def now(self) -> float:
+        """The simulated server's clock (the host's, shifted by ``clock_offset``)."""
+        return time.time() + self.clock_offset
+
+    def new_id(self) -> str:
+        return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+
+    def set_era(self, era: str) -> None:
+        """Upgrade (or downgrade) the server in place, as a deployment would."""
+        self.era = ERAS[era]
+
+    # -- fixtures --------------------------------------------------------------------
+
+    def add_user(self, username: str, *, token: str | None = None, budget: int = -1,
+                 consumed: int = 0) -> SimUser:
+        uid = self.new_id()
+        secret = token or f"{uid[:10]}-{self.rng.getrandbits(120):030x}"
+        user = SimUser(id=uid, username=username, token=secret, org_id=self.org_id,
+                       quota_budget=budget, credits_consumed=consumed)
+        self.users[uid] = user
+        return user
+
+    def user(self, username: str) -> SimUser:
+        for u in self.users.values():
+            if u.username == username:
+                return u
+        raise KeyError(username)
+
+    def add_workspace(self, owner: SimUser, *, build_status: str = "running",
+                      job_status: str = "succeeded", error_code: str = "",
+                      cost: int = 10) -> SimWorkspace:
+        ws = SimWorkspace(id=self.new_id(), owner_id=owner.id, name=f"ws-{len(self.workspaces)}",
+                          build_status=build_status, job_status=job_status,
+                          error_code=error_code, cost=cost)
+        self.workspaces[ws.id] = ws
+        return ws
+
+    def add_chat(
+        self,
+        owner: SimUser,
+        *,
+        title: str = "chat",
+        status: str = "running",
+        script: list[Step] | None = None,
+        labels: dict[str, str] | None = None,
+        workspace: SimWorkspace | None = None,
+        parent: SimChat | None = None,
+        age: float = 0.0,
+        progress_every: float | None = None,
+        queued_for_capacity: bool = False,
+        publish: bool = True,
+        wedged: bool = False,
+        last_error: Any = None,
+    ) -> SimChat:
+        """A chat that entered ``status`` ``age`` seconds ago, then follows ``script``."""
+        self._check_status(status)
+        for step in script or []:
+            self._check_status(step.status)
+        now = self.now()
+        cid = self.new_id()
+        root = parent.root_id or parent.id if parent else cid
+        chat = SimChat(
+            id=cid, owner_id=owner.id, org_id=owner.org_id, title=title, status=status,
+            created_at=now - age, updated_at=now - age, entered_at=now - age,
+            parent_id=parent.id if parent else None, root_id=root,
+            workspace_id=workspace.id if workspace else None, labels=dict(labels or {}),
+            script=deque(script or []), progress_every=progress_every,
+            queued_for_capacity=queued_for_capacity, wedged=wedged, last_error=last_error,
+        )
+        chat.messages = [self._message(chat, "user", "Please do the thing.")]
+        self.chats[cid] = chat
+        if publish:
+            self.publish(chat, "created")
+        return chat
+
+    def _message(self, chat: SimChat, role: str, text: str) -> dict[str, Any]:
+        self._message_ids += 1
+        return {"id": self._message_ids, "chat_id": chat.id, "role": role,
+                "created_at": iso(self.now()), "created_by": chat.owner_id,
+                "content": [{"type": "text", "text": text}]}
+
+    def _check_status(self, status: str) -> None:
+        if status not in self.era.statuses:
+            raise ValueError(f"status {status!r} does not exist in era {self.era.name}")
+
+    # -- transitions -----------------------------------------------------------------
+
+    def set_status(self, chat_id: str, status: str, *, silent: bool = False,
+                   last_error: Any = None) -> SimChat:
+        """Move a chat to ``status``, writing updated_at (every transition does)."""
+        chat = self.chats[chat_id]
+        self._check_status(status)
+        now = self.now()
+        chat.status = status
+        chat.updated_at = now
+        chat.entered_at = now
+        chat.last_error = last_error if status == "error" else None
+        if status == "error" and chat.last_error is None:
+            chat.last_error = {"message": "The model provider failed.", "kind": "generic",
+                               "retryable": False}
+        if status != "running":
+            chat.queued_for_capacity = False
+        if status == "waiting":
+            chat.messages.append(self._message(chat, "assistant", "Done."))
+        if not silent:
+            self.publish(chat, "status_change")
+            if status == "requires_action":
+                self.publish(chat, "action_required")
+        return chat
+
+    def tick(self) -> None:
+        """Advance every scripted chat whose step has run its time."""
+        now = self.now()
+        for chat in list(self.chats.values()):
+            if chat.archived:
+                continue
+            if (chat.status == "running" and chat.progress_every
+                    and now - chat.updated_at >= chat.progress_every):
+                chat.updated_at = now  # CommitStep: progress, same status, no publish
+            if chat.status == "interrupting" and not chat.wedged:
+                if now - chat.entered_at >= chat.interrupt_settle:
+                    chat.script.clear()
+                    self.set_status(chat.id, "waiting")
+                continue
+            if not chat.script:
+                continue
+            head = chat.script[0]
+            if head.status != chat.status:
+                # The chat was moved by hand; the script resumes from this step.
+                self.set_status(chat.id, head.status, silent=head.silent,
+                                last_error=head.last_error)
+                continue
+            if head.after is not None and now - chat.entered_at >= head.after:
+                chat.script.popleft()
+                if chat.script:
+                    nxt = chat.script[0]
+                    self.set_status(chat.id, nxt.status, silent=nxt.silent,
+                                    last_error=nxt.last_error)
+
+    def archive(self, chat_id: str, *, publish: bool = False) -> None:
+        chat = self.chats[chat_id]
+        now = self.now()
+        for member in self.family(chat):
+            member.archived = True
+            member.updated_at = now
+            member.script.clear()
+            if publish:
+                self.publish(member, "status_change")
+
+    def delete(self, chat_id: str) -> None:
+        """Hard delete (retention purge): no watch event."""
+        chat = self.chats.pop(chat_id)
+        for child in [c for c in self.chats.values() if c.parent_id == chat.id]:
+            self.chats.pop(child.id, None)
+
+    def family(self, chat: SimChat) -> list[SimChat]:
+        return [c for c in self.chats.values() if c.id == chat.id or c.root_id == chat.id]
+
+    def revoke(self, username: str) -> None:
+        user = self.user(username)
+        user.revoked = True
+        self.drop_watch(user_id=user.id, code=1008)
+
+    # -- watch pubsub ----------------------------------------------------------------
+
+    def subscribe(self, user_id: str) -> Subscriber:
+        if self.faults.subscribe_fail:
+            raise SimError(500, "Internal error subscribing to chat events.",
+                           "pubsub: connection refused")
+        sub = Subscriber(user_id=user_id, queue=asyncio.Queue(maxsize=self.subscriber_buffer))
+        self.subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+
+    def publish(self, chat: SimChat, kind: str) -> None:
+        payload: dict[str, Any] = {"kind": kind, "chat": self.watch_chat(chat)}
+        if kind == "action_required":
+            payload["tool_calls"] = [{"tool_call_id": f"call_{self.rng.getrandbits(32):x}",
+                                      "tool_name": "run_query", "args": "{\"sql\":\"select 1\"}"}]
+        self.published += 1
+        if self.era.publish_limit is not None:
+            if len(json.dumps(payload)) > self.era.publish_limit:
+                self.oversize += 1
+                return
+        for sub in list(self.subscribers):
+            if sub.user_id != chat.owner_id:
+                continue
+            if self.faults.event_loss and self.rng.random() < self.faults.event_loss:
+                self.lost += 1
+                continue
+            try:
+                sub.queue.put_nowait(payload)
+            except asyncio.QueueFull:
+                sub.dropped += 1
+
+    def drop_watch(self, *, user_id: str | None = None, code: int = 1001) -> int:
+        """End watch sockets abruptly (replica restart, network); returns how many."""
+        n = 0
+        for sub in list(self.subscribers):
+            if user_id is None or sub.user_id == user_id:
+                n += 1
+                for cb in self.on_drop:
+                    cb(sub, code)
+        return n
+
+    def restart(self, downtime: float) -> None:
+        """A replica restart: sockets drop, and the API answers 503 for ``downtime``."""
+        self.faults.unavailable_until = time.monotonic() + downtime
+        self.drop_watch(code=1001)
+
+    # -- serialization ---------------------------------------------------------------
+
+    def chat_json(self, chat: SimChat, *, single: bool = False, embed: bool = True) -> dict[str, Any]:
+        owner = self.users.get(chat.owner_id)
+        body: dict[str, Any] = {
+            "id": chat.id, "organization_id": chat.org_id, "owner_id": chat.owner_id,
+            "owner_username": owner.username if owner else "",
+            "workspace_id": chat.workspace_id, "build_id": None, "agent_id": None,
+            "parent_chat_id": chat.parent_id, "root_chat_id": chat.root_id,
+            "last_model_config_id": "e5a9c0de-0000-4000-8000-000000000001",
+            "title": chat.title, "status": chat.status, "last_error": chat.last_error,
+            "last_turn_summary": None, "summary": None,
+            "created_at": iso(chat.created_at), "updated_at": iso(chat.updated_at),
+            "archived": chat.archived, "shared": False, "pin_order": chat.pin_order,
+            "mcp_server_ids": [], "labels": dict(chat.labels), "has_unread": False,
+            "client_type": "api", "children": [],
+        }
+        if self.era.name == "A" and isinstance(chat.last_error, dict):
+            # Early servers stored last_error as a text column.
+            body["last_error"] = chat.last_error.get("message")
+        if single:
+            body["queued_for_capacity"] = chat.queued_for_capacity
+            body["context"] = {"dirty": False, "resources": []}
+        if embed and self.era.embed_children and chat.parent_id is None:
+            body["children"] = [
+                self.chat_json(c, single=False, embed=False)
+                for c in self.chats.values()
+                if c.parent_id == chat.id and c.archived == chat.archived
+            ]
+        return body
+
+    def watch_chat(self, chat: SimChat) -> dict[str, Any]:
+        if self.era.full_watch_chat:
+            body = self.chat_json(chat, embed=False)
+            body.pop("children", None)
+            return body
+        return {
+            "id": chat.id, "owner_id": chat.owner_id, "title": chat.title,
+            "status": chat.status, "created_at": iso(chat.created_at),
+            "updated_at": iso(chat.updated_at), "parent_chat_id": chat.parent_id,
+            "root_chat_id": chat.root_id, "workspace_id": chat.workspace_id,
+        }
+
+    # -- rate limit ------------------------------------------------------------------
+
+    def check_rate(self, user_id: str, endpoint: str) -> dict[str, str]:
+        """httprate's fixed one-minute window per user and endpoint; raises 429."""
+        window = int(time.time() // 60) * 60
+        key = (user_id, endpoint)
+        start, count = self._rate.get(key, (window, 0))
+        if start != window:
+            start, count = window, 0
+        count += 1
+        self._rate[key] = (start, count)
+        headers = {
+            "X-RateLimit-Limit": str(self.rate_limit),
+            "X-RateLimit-Remaining": str(max(0, self.rate_limit - count)),
+            "X-RateLimit-Reset": str(int(start + 60 + self.clock_offset)),
+        }
+        if self.rate_limit >= 0 and count > self.rate_limit:
+            raise SimError(
+                429,
+                f"You've been rate limited for sending more than {self.rate_limit} "
+                "requests in 1m0s.",
+                headers={**headers, "Retry-After": "60"},
+            )
+        return headers

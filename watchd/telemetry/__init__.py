@@ -1,0 +1,1 @@
+"""Transport events (the seam) and their conversion into OpenTelemetry spans."""
