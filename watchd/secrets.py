@@ -63,7 +63,9 @@ def read_secret_file(path: str | os.PathLike[str], *, what: str) -> str:
     try:
         value = p.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise SecretError(f"{what}: secret file {p} cannot be read ({type(exc).__name__})") from None
+        raise SecretError(
+            f"{what}: secret file {p} cannot be read ({type(exc).__name__})"
+        ) from None
     if not value:
         raise SecretError(f"{what}: secret file {p} is empty")
     REGISTRY.add(value)
@@ -91,9 +93,7 @@ def read_credential(name: str, *, what: str) -> str:
     return read_secret_file(Path(directory) / name, what=what)
 
 
-def resolve(
-    *, file: str | None, env: str | None, credential: str | None, what: str
-) -> str:
+def resolve(*, file: str | None, env: str | None, credential: str | None, what: str) -> str:
     """Exactly one of file/env/credential, resolved."""
     given = [x for x in (file, env, credential) if x]
     if len(given) != 1:

@@ -79,7 +79,9 @@ class CoderClient:
         while True:
             attempt += 1
             try:
-                return await self.transport.request(method, path, params=params, json_body=json_body)
+                return await self.transport.request(
+                    method, path, params=params, json_body=json_body
+                )
             except CoderError as exc:
                 if not retry or not exc.retryable or attempt >= self.attempts:
                     raise

@@ -11,7 +11,7 @@ from typing import Any
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 MEANINGS: dict[int, str] = {
-    400: "request rejected as invalid (bad parameters, archived chat, child chat, already archived)",
+    400: "request rejected (bad parameters, archived chat, child chat, already archived)",
     401: "token invalid, expired or missing",
     403: "token lacks permission (or a browser Origin was sent on the watch socket)",
     404: "chat gone or not visible to this token, or route absent under this API prefix",

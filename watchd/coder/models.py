@@ -123,7 +123,9 @@ def parse_time(value: Any, *, field_name: str) -> float | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise PayloadError(field_name, f"expected an RFC 3339 timestamp, got {type(value).__name__}")
+        raise PayloadError(
+            field_name, f"expected an RFC 3339 timestamp, got {type(value).__name__}"
+        )
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:

@@ -10,6 +10,7 @@ module touches aiohttp's client directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -113,10 +114,8 @@ class Transport:
         }
 
     def _emit(self, event: dict[str, Any]) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self._events.emit(self._source, event)
-        except Exception:  # noqa: BLE001 - telemetry must never break traffic
-            pass
 
     async def request(
         self,
@@ -132,8 +131,13 @@ class Transport:
         rid = f"{self.identity}-{next(self._ids)}"
         self.requests += 1
         self._emit(
-            {"type": "http:request", "timestamp": now_ms(), "id": rid, "method": method,
-             "path": full_path}
+            {
+                "type": "http:request",
+                "timestamp": now_ms(),
+                "id": rid,
+                "method": method,
+                "path": full_path,
+            }
         )
         sent_wall = self.server_clock.wall_now()
         started = time.monotonic()
@@ -153,8 +157,15 @@ class Transport:
             duration = (time.monotonic() - started) * 1000
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             self._emit(
-                {"type": "http:error", "timestamp": now_ms(), "id": rid, "method": method,
-                 "path": full_path, "message": message[:300], "durationMs": round(duration, 1)}
+                {
+                    "type": "http:error",
+                    "timestamp": now_ms(),
+                    "id": rid,
+                    "method": method,
+                    "path": full_path,
+                    "message": message[:300],
+                    "durationMs": round(duration, 1),
+                }
             )
             raise CoderError(
                 status=None, message=message[:300], method=method, path=full_path
@@ -165,14 +176,25 @@ class Transport:
         )
         ok = 200 <= status < 300
         self._emit(
-            {"type": "http:response", "timestamp": now_ms(), "id": rid, "method": method,
-             "path": full_path, "status": status, "ok": ok, "durationMs": round(duration, 1)}
+            {
+                "type": "http:response",
+                "timestamp": now_ms(),
+                "id": rid,
+                "method": method,
+                "path": full_path,
+                "status": status,
+                "ok": ok,
+                "durationMs": round(duration, 1),
+            }
         )
         response = Response(status=status, headers=headers, body=body)
         if not ok:
             hint = retry_hint(headers, server_now=self.server_clock.now())
             raise error_from_body(
-                status=status, body=response.json(), method=method, path=full_path,
+                status=status,
+                body=response.json(),
+                method=method,
+                path=full_path,
                 retry_after=hint,
             )
         return response
@@ -187,8 +209,14 @@ class Transport:
         url = self.base_url + path
         ws_url = "ws" + url[4:] if url.startswith("http") else url
         self._emit(
-            {"type": "ws:dial", "timestamp": now_ms(), "reader": reader, "attempt": attempt,
-             "url": ws_url, "chatId": None}
+            {
+                "type": "ws:dial",
+                "timestamp": now_ms(),
+                "reader": reader,
+                "attempt": attempt,
+                "url": ws_url,
+                "chatId": None,
+            }
         )
         sent_wall = self.server_clock.wall_now()
         try:
@@ -202,31 +230,77 @@ class Transport:
             )
         except aiohttp.WSServerHandshakeError as exc:
             self._emit(
-                {"type": "ws:error", "timestamp": now_ms(), "reader": reader,
-                 "attempt": attempt, "message": f"upgrade refused: HTTP {exc.status}"}
+                {
+                    "type": "ws:error",
+                    "timestamp": now_ms(),
+                    "reader": reader,
+                    "attempt": attempt,
+                    "message": f"upgrade refused: HTTP {exc.status}",
+                }
             )
-            self._emit({"type": "ws:close", "timestamp": now_ms(), "reader": reader,
-                        "attempt": attempt, "code": exc.status, "reason": "upgrade refused"})
+            self._emit(
+                {
+                    "type": "ws:close",
+                    "timestamp": now_ms(),
+                    "reader": reader,
+                    "attempt": attempt,
+                    "code": exc.status,
+                    "reason": "upgrade refused",
+                }
+            )
             headers = dict(exc.headers or {})
             hint = retry_hint(headers, server_now=self.server_clock.now())
             raise CoderError(
-                status=exc.status, message=exc.message or "upgrade refused", method="GET",
-                path=path, retry_after=hint,
+                status=exc.status,
+                message=exc.message or "upgrade refused",
+                method="GET",
+                path=path,
+                retry_after=hint,
             ) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             message = f"{type(exc).__name__}: {exc}"[:300]
-            self._emit({"type": "ws:error", "timestamp": now_ms(), "reader": reader,
-                        "attempt": attempt, "message": message})
-            self._emit({"type": "ws:close", "timestamp": now_ms(), "reader": reader,
-                        "attempt": attempt, "code": 1006, "reason": "dial failed"})
+            self._emit(
+                {
+                    "type": "ws:error",
+                    "timestamp": now_ms(),
+                    "reader": reader,
+                    "attempt": attempt,
+                    "message": message,
+                }
+            )
+            self._emit(
+                {
+                    "type": "ws:close",
+                    "timestamp": now_ms(),
+                    "reader": reader,
+                    "attempt": attempt,
+                    "code": 1006,
+                    "reason": "dial failed",
+                }
+            )
             raise CoderError(status=None, message=message, method="GET", path=path) from None
         date = ws._response.headers.get("Date") if ws._response is not None else None
         self.server_clock.observe(date, sent_at=sent_wall, received_at=self.server_clock.wall_now())
-        self._emit({"type": "ws:open", "timestamp": now_ms(), "reader": reader,
-                    "attempt": attempt, "chatId": None})
+        self._emit(
+            {
+                "type": "ws:open",
+                "timestamp": now_ms(),
+                "reader": reader,
+                "attempt": attempt,
+                "chatId": None,
+            }
+        )
         return ws
 
     def emit_ws(self, event_type: str, *, reader: int, attempt: int, **fields: Any) -> None:
         """Emit a ``ws:*`` event for a connection dialed through :meth:`ws_connect`."""
-        self._emit({"type": event_type, "timestamp": now_ms(), "reader": reader,
-                    "attempt": attempt, "chatId": None, **fields})
+        self._emit(
+            {
+                "type": event_type,
+                "timestamp": now_ms(),
+                "reader": reader,
+                "attempt": attempt,
+                "chatId": None,
+                **fields,
+            }
+        )

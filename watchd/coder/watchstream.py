@@ -51,19 +51,23 @@ class WatchConnection:
         """Decoded events until the connection ends (raises StreamClosed / ResyncNeeded)."""
         while True:
             msg = await self.ws.receive()
-            if msg.type == aiohttp.WSMsgType.TEXT or msg.type == aiohttp.WSMsgType.BINARY:
+            if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
                 try:
                     event = parse_watch_frame(msg.data)
                 except MalformedFrame as exc:
                     self.malformed += 1
                     self.transport.emit_ws(
-                        "ws:error", reader=self.reader, attempt=self.attempt,
+                        "ws:error",
+                        reader=self.reader,
+                        attempt=self.attempt,
                         message=f"malformed frame: {exc}"[:300],
                     )
                     raise ResyncNeeded(str(exc)) from None
                 except ServerFrameError as exc:
                     self.transport.emit_ws(
-                        "ws:error", reader=self.reader, attempt=self.attempt,
+                        "ws:error",
+                        reader=self.reader,
+                        attempt=self.attempt,
                         message=f"server error frame: {exc}"[:300],
                     )
                     raise ResyncNeeded(f"server reported: {exc}") from None
@@ -72,8 +76,11 @@ class WatchConnection:
                     continue
                 self.events += 1
                 yield event
-            elif msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING,
-                              aiohttp.WSMsgType.CLOSED):
+            elif msg.type in (
+                aiohttp.WSMsgType.CLOSE,
+                aiohttp.WSMsgType.CLOSING,
+                aiohttp.WSMsgType.CLOSED,
+            ):
                 code = self.ws.close_code
                 raise StreamClosed(code, str(msg.extra or ""))
             elif msg.type == aiohttp.WSMsgType.ERROR:

@@ -32,10 +32,12 @@ class Era:
 
 ERAS: dict[str, Era] = {
     "A": Era("A", ("/api/experimental",), True, LEGACY, False, True, False, None, False, None),
-    "B": Era("B", ("/api/experimental",), False, LEGACY | CURRENT, False, False, False, None,
-             False, None),
+    "B": Era(
+        "B", ("/api/experimental",), False, LEGACY | CURRENT, False, False, False, None, False, None
+    ),
     "C": Era("C", ("/api/experimental",), False, CURRENT, True, False, True, None, True, 6000),
-    "D": Era("D", ("/api/v2", "/api/experimental"), False, CURRENT, True, False, True, 100, True,
-             6000),
+    "D": Era(
+        "D", ("/api/v2", "/api/experimental"), False, CURRENT, True, False, True, 100, True, 6000
+    ),
     "E": Era("E", ("/api/v2",), False, CURRENT | {"paused"}, True, False, True, 100, True, 6000),
 }

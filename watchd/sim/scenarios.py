@@ -43,24 +43,52 @@ def demo(state: SimState) -> list[Identity]:
     b = state.add_user("bob", budget=50, consumed=50)
     c = state.add_user("carol")
     for i in range(4):
-        state.add_chat(a, title=f"Refactor module {i}", status="running",
-                       script=[Step("running", 6 + 4 * i), Step("waiting")],
-                       labels={"ticket": f"OPS-{100 + i}"}, progress_every=2.0)
-    state.add_chat(a, title="Fix flaky auth tests", status="running", queued_for_capacity=True,
-                   labels={"ticket": "OPS-12"})
-    state.add_chat(a, title="Migrate billing to v2 <!channel> & <script>", status="running",
-                   script=[Step("running", 45), Step("waiting")])
-    state.add_chat(a, title="Summarize incident 4411", status="running",
-                   script=[Step("running", 12), Step("waiting", silent=True)])
+        state.add_chat(
+            a,
+            title=f"Refactor module {i}",
+            status="running",
+            script=[Step("running", 6 + 4 * i), Step("waiting")],
+            labels={"ticket": f"OPS-{100 + i}"},
+            progress_every=2.0,
+        )
+    state.add_chat(
+        a,
+        title="Fix flaky auth tests",
+        status="running",
+        queued_for_capacity=True,
+        labels={"ticket": "OPS-12"},
+    )
+    state.add_chat(
+        a,
+        title="Migrate billing to v2 <!channel> & <script>",
+        status="running",
+        script=[Step("running", 45), Step("waiting")],
+    )
+    state.add_chat(
+        a,
+        title="Summarize incident 4411",
+        status="running",
+        script=[Step("running", 12), Step("waiting", silent=True)],
+    )
     state.add_chat(a, title="Old finished chat", status="waiting", age=3600)
     state.add_chat(b, title="Run the SQL migration tool", status="requires_action")
-    ws = state.add_workspace(b, build_status="failed", job_status="failed",
-                             error_code="INSUFFICIENT_QUOTA")
+    ws = state.add_workspace(
+        b, build_status="failed", job_status="failed", error_code="INSUFFICIENT_QUOTA"
+    )
     state.add_chat(b, title="Provision preview env", status="running", workspace=ws)
-    root = state.add_chat(b, title="Orchestrate release notes", status="running",
-                          script=[Step("running", 20), Step("waiting")])
-    state.add_chat(b, title="explore: changelog", status="running", parent=root,
-                   script=[Step("running", 8), Step("waiting")])
+    root = state.add_chat(
+        b,
+        title="Orchestrate release notes",
+        status="running",
+        script=[Step("running", 20), Step("waiting")],
+    )
+    state.add_chat(
+        b,
+        title="explore: changelog",
+        status="running",
+        parent=root,
+        script=[Step("running", 8), Step("waiting")],
+    )
     state.add_chat(c, title="Carol's chat", status="running")
     state.revoke("carol")
     return [
@@ -82,9 +110,12 @@ def fleet(state: SimState, *, users: int = 3, chats_per_user: int = 50) -> list[
             elif roll < 0.5:
                 state.add_chat(user, title=f"idle {i}", status="waiting", age=600)
             else:
-                state.add_chat(user, title=f"busy {i}", status="running",
-                               script=[Step("running", 2 + state.rng.random() * 20),
-                                       Step("waiting")])
+                state.add_chat(
+                    user,
+                    title=f"busy {i}",
+                    status="running",
+                    script=[Step("running", 2 + state.rng.random() * 20), Step("waiting")],
+                )
         out.append(Identity(f"id-{u:03d}", user.username, user.token))
     return out
 

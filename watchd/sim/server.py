@@ -23,15 +23,28 @@ from watchd.sim.state import ACTIVE, ARCHIVABLE, SimChat, SimError, SimState, Si
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 NOT_FOUND = "Resource not found or you do not have access to this resource"
-Q_KEYS = frozenset({"archived", "has_unread", "title", "pr_status", "source", "diff_url", "pr",
-                    "repo", "pr_title", "search"})
-USER_KEY: web.AppKey[SimUser] = web.AppKey("user", SimUser)
+Q_KEYS = frozenset(
+    {
+        "archived",
+        "has_unread",
+        "title",
+        "pr_status",
+        "source",
+        "diff_url",
+        "pr",
+        "repo",
+        "pr_title",
+        "search",
+    }
+)
+USER_KEY: web.RequestKey[SimUser] = web.RequestKey("user", SimUser)
 STATE: web.AppKey[SimState] = web.AppKey("state", SimState)
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, text=json.dumps(body), content_type="application/json",
-                        headers=headers)
+    return web.Response(
+        status=status, text=json.dumps(body), content_type="application/json", headers=headers
+    )
 
 
 def _error(exc: SimError) -> web.Response:
@@ -60,13 +73,13 @@ class SimServer:
     # -- lifecycle ------------------------------------------------------------------
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None,
-                                     shutdown_timeout=1.0)
+        self._runner = web.AppRunner(
+            self.app, handle_signals=False, access_log=None, shutdown_timeout=1.0
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
-        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
-        bound = sockets[0].getsockname()[1] if sockets else port
+        bound = site._server.sockets[0].getsockname()[1] if site._server else port  # type: ignore[attr-defined]
         self.url = f"http://{host}:{bound}"
         self._ticker = asyncio.create_task(self._tick_forever(), name="sim:ticker")
         return self.url
@@ -119,7 +132,8 @@ class SimServer:
                 if state.faults.throttle_next > 0:
                     state.faults.throttle_next -= 1
                     raise SimError(
-                        429, "You've been rate limited for sending more than 512 requests in 1m0s.",
+                        429,
+                        "You've been rate limited for sending more than 512 requests in 1m0s.",
                         headers={"Retry-After": f"{state.faults.throttle_retry_after:g}"},
                     )
                 if state.faults.error_rate and state.rng.random() < state.faults.error_rate:
@@ -139,12 +153,13 @@ class SimServer:
         return response
 
     def _authenticate(self, request: web.Request) -> SimUser:
-        token = (request.headers.get("Coder-Session-Token")
-                 or request.cookies.get("coder_session_token")
-                 or request.query.get("coder_session_token"))
+        token = (
+            request.headers.get("Coder-Session-Token")
+            or request.cookies.get("coder_session_token")
+            or request.query.get("coder_session_token")
+        )
         if not token:
-            raise SimError(401, 'Cookie "coder_session_token" or query parameter must be '
-                                "provided.")
+            raise SimError(401, 'Cookie "coder_session_token" or query parameter must be provided.')
         for user in self.state.users.values():
             if user.token == token:
                 if user.revoked:
@@ -200,8 +215,11 @@ class SimServer:
         try:
             uuid.UUID(cid)
         except ValueError:
-            raise SimError(400, "Invalid chat ID.", validations=[
-                {"field": "chat", "detail": "must be a valid UUID"}]) from None
+            raise SimError(
+                400,
+                "Invalid chat ID.",
+                validations=[{"field": "chat", "detail": "must be a valid UUID"}],
+            ) from None
         chat = self.state.chats.get(cid)
         if chat is None or chat.owner_id != user.id:
             raise SimError(404, NOT_FOUND)
@@ -221,15 +239,23 @@ class SimServer:
             if limit < 0 or limit > 2**31 - 1:
                 raise ValueError
         except ValueError:
-            errors.append({"field": "limit", "detail": "Query param \"limit\" must be a valid "
-                           "non-negative integer."})
+            errors.append(
+                {
+                    "field": "limit",
+                    "detail": 'Query param "limit" must be a valid non-negative integer.',
+                }
+            )
         try:
             offset = int(offset_raw)
             if offset < 0:
                 raise ValueError
         except ValueError:
-            errors.append({"field": "offset", "detail": "Query param \"offset\" must be a valid "
-                           "non-negative integer."})
+            errors.append(
+                {
+                    "field": "offset",
+                    "detail": 'Query param "offset" must be a valid non-negative integer.',
+                }
+            )
         after = request.query.get("after_id") or None
         if after:
             try:
@@ -240,8 +266,9 @@ class SimServer:
             if limit_raw is None:
                 limit = era.max_limit
             elif limit < 1 or limit > era.max_limit:
-                errors.append({"field": "limit", "detail": f"must be between 1 and "
-                               f"{era.max_limit}"})
+                errors.append(
+                    {"field": "limit", "detail": f"must be between 1 and {era.max_limit}"}
+                )
         if errors:
             raise SimError(400, "Query parameters have invalid values.", validations=errors)
         return (limit or 50), offset, after
@@ -254,17 +281,33 @@ class SimServer:
         out: dict[str, str] = {}
         for word in words:
             if ":" not in word:
-                raise SimError(400, "Invalid search query.", validations=[
-                    {"field": "q", "detail": f"Query element {word!r} can only contain 1 ':'"
-                     " and must be key:value"}])
+                raise SimError(
+                    400,
+                    "Invalid search query.",
+                    validations=[
+                        {
+                            "field": "q",
+                            "detail": f"Query element {word!r} can only contain 1 ':'"
+                            " and must be key:value",
+                        }
+                    ],
+                )
             key, value = word.split(":", 1)
             if key not in Q_KEYS:
-                raise SimError(400, "Invalid search query.", validations=[
-                    {"field": key, "detail": f"Query param {key!r} is not a valid query param"}])
+                raise SimError(
+                    400,
+                    "Invalid search query.",
+                    validations=[
+                        {"field": key, "detail": f"Query param {key!r} is not a valid query param"}
+                    ],
+                )
             out[key] = value
         if "archived" in out and out["archived"] not in ("true", "false"):
-            raise SimError(400, "Invalid search query.", validations=[
-                {"field": "archived", "detail": "must be a boolean"}])
+            raise SimError(
+                400,
+                "Invalid search query.",
+                validations=[{"field": "archived", "detail": "must be a boolean"}],
+            )
         return out
 
     async def list_chats(self, request: web.Request) -> web.StreamResponse:
@@ -276,12 +319,17 @@ class SimServer:
         wanted_labels = []
         for raw in request.query.getall("label", []):
             if ":" not in raw:
-                raise SimError(400, "Invalid label filter.", validations=[
-                    {"field": "label", "detail": "must be key:value"}])
+                raise SimError(
+                    400,
+                    "Invalid label filter.",
+                    validations=[{"field": "label", "detail": "must be key:value"}],
+                )
             wanted_labels.append(tuple(raw.split(":", 1)))
         rows = [
-            c for c in state.chats.values()
-            if c.owner_id == user.id and c.archived == archived
+            c
+            for c in state.chats.values()
+            if c.owner_id == user.id
+            and c.archived == archived
             and (not state.era.embed_children or c.parent_id is None)
             and all(c.labels.get(k) == v for k, v in wanted_labels)
             and ("title" not in q or q["title"].lower() in c.title.lower())
@@ -299,7 +347,7 @@ class SimServer:
             else:
                 key = order(cursor)
                 rows = [c for c in rows if order(c) > key]
-        rows = rows[offset: offset + limit]
+        rows = rows[offset : offset + limit]
         return _json(200, [state.chat_json(c) for c in rows])
 
     async def get_chat(self, request: web.Request) -> web.StreamResponse:
@@ -315,8 +363,11 @@ class SimServer:
             raise SimError(400, "Cannot interrupt an archived chat.")
         if state.era.state_machine:
             if chat.status not in ("running", "requires_action"):
-                raise SimError(409, "Chat is not in an interruptible state.",
-                               f"transition not allowed: Interrupt from {chat.status}")
+                raise SimError(
+                    409,
+                    "Chat is not in an interruptible state.",
+                    f"transition not allowed: Interrupt from {chat.status}",
+                )
             state.set_status(chat.id, "interrupting")
         elif chat.status in ACTIVE or chat.status == "requires_action":
             chat.script.clear()
@@ -324,7 +375,6 @@ class SimServer:
         return _json(200, state.chat_json(chat, single=True))
 
     async def patch_chat(self, request: web.Request) -> web.StreamResponse:
-        state = self.state
         chat = self._own_chat(request)
         try:
             body = await request.json()
@@ -335,12 +385,18 @@ class SimServer:
         allowed = {"archived", "title", "labels", "pin_order", "plan_mode", "workspace_id"}
         unknown = set(body) - allowed
         if unknown:
-            raise SimError(400, "Invalid request body.", validations=[
-                {"field": k, "detail": "unknown field"} for k in sorted(unknown)])
+            raise SimError(
+                400,
+                "Invalid request body.",
+                validations=[{"field": k, "detail": "unknown field"} for k in sorted(unknown)],
+            )
         if "archived" in body:
             if not isinstance(body["archived"], bool):
-                raise SimError(400, "Invalid request body.", validations=[
-                    {"field": "archived", "detail": "must be a boolean"}])
+                raise SimError(
+                    400,
+                    "Invalid request body.",
+                    validations=[{"field": "archived", "detail": "must be a boolean"}],
+                )
             if body["archived"]:
                 self._archive(chat)
         if "title" in body and isinstance(body["title"], str):
@@ -357,8 +413,11 @@ class SimServer:
             raise SimError(400, "Chat is already archived.")
         if state.era.state_machine:
             if chat.status not in ARCHIVABLE:
-                raise SimError(409, "Cannot archive an active chat. Interrupt or wait for the "
-                                    "chat to finish first.")
+                raise SimError(
+                    409,
+                    "Cannot archive an active chat. Interrupt or wait for the "
+                    "chat to finish first.",
+                )
         else:
             for member in state.family(chat):
                 if member.status in ACTIVE or member.status == "requires_action":
@@ -402,9 +461,14 @@ class SimServer:
         ascending = after is not None and before is None
         msgs = sorted(msgs, key=lambda m: m["id"], reverse=not ascending)
         page = msgs[:limit]
-        first_page = before is None and after is None
-        return _json(200, {"messages": page, "queued_messages": [] if first_page else [],
-                           "has_more": len(msgs) > limit})
+        return _json(
+            200,
+            {
+                "messages": page,
+                "queued_messages": [],
+                "has_more": len(msgs) > limit,
+            },
+        )
 
     # -- the watch socket -----------------------------------------------------------
 
@@ -472,14 +536,24 @@ class SimServer:
 
     async def me(self, request: web.Request) -> web.StreamResponse:
         user = request[USER_KEY]
-        return _json(200, {"id": user.id, "username": user.username, "name": user.username,
-                           "email": f"{user.username}@example.com", "status": "active",
-                           "organization_ids": [user.org_id], "roles": []})
+        return _json(
+            200,
+            {
+                "id": user.id,
+                "username": user.username,
+                "name": user.username,
+                "email": f"{user.username}@example.com",
+                "status": "active",
+                "organization_ids": [user.org_id],
+                "roles": [],
+            },
+        )
 
     async def organizations(self, request: web.Request) -> web.StreamResponse:
         user = request[USER_KEY]
-        return _json(200, [{"id": user.org_id, "name": "coder", "display_name": "Coder",
-                            "is_default": True}])
+        return _json(
+            200, [{"id": user.org_id, "name": "coder", "display_name": "Coder", "is_default": True}]
+        )
 
     async def quota(self, request: web.Request) -> web.StreamResponse:
         state = self.state
@@ -490,54 +564,86 @@ class SimServer:
         who = request.match_info["user"]
         target = None
         for u in state.users.values():
-            if who in ("me",) and u.id == caller.id or who in (u.id, u.username):
+            if (who in ("me",) and u.id == caller.id) or who in (u.id, u.username):
                 target = u
         if target is None or org != target.org_id or target.id != caller.id:
             raise SimError(404, NOT_FOUND)
-        return _json(200, {"credits_consumed": target.credits_consumed,
-                           "budget": target.quota_budget})
+        return _json(
+            200, {"credits_consumed": target.credits_consumed, "budget": target.quota_budget}
+        )
 
     async def workspace(self, request: web.Request) -> web.StreamResponse:
         caller = request[USER_KEY]
         ws = self.state.workspaces.get(request.match_info["id"])
         if ws is None or ws.owner_id != caller.id:
             raise SimError(404, NOT_FOUND)
-        return _json(200, {"id": ws.id, "name": ws.name, "owner_id": ws.owner_id,
-                           "latest_build": {"status": ws.build_status, "transition": "start",
-                                            "daily_cost": ws.cost,
-                                            "job": {"status": ws.job_status,
-                                                    "error_code": ws.error_code}}})
+        return _json(
+            200,
+            {
+                "id": ws.id,
+                "name": ws.name,
+                "owner_id": ws.owner_id,
+                "latest_build": {
+                    "status": ws.build_status,
+                    "transition": "start",
+                    "daily_cost": ws.cost,
+                    "job": {"status": ws.job_status, "error_code": ws.error_code},
+                },
+            },
+        )
 
     # -- admin API (tests, demo, development) ---------------------------------------
 
     async def admin_state(self, request: web.Request) -> web.StreamResponse:
         s = self.state
-        return _json(200, {
-            "era": s.era.name,
-            "users": [{"id": u.id, "username": u.username, "revoked": u.revoked}
-                      for u in s.users.values()],
-            "chats": [{"id": c.id, "owner": s.users[c.owner_id].username, "status": c.status,
-                       "archived": c.archived, "title": c.title, "parent_id": c.parent_id}
-                      for c in s.chats.values()],
-            "published": s.published, "lost": s.lost, "requests": s.requests,
-            "watchers": len(s.subscribers),
-        })
+        return _json(
+            200,
+            {
+                "era": s.era.name,
+                "users": [
+                    {"id": u.id, "username": u.username, "revoked": u.revoked}
+                    for u in s.users.values()
+                ],
+                "chats": [
+                    {
+                        "id": c.id,
+                        "owner": s.users[c.owner_id].username,
+                        "status": c.status,
+                        "archived": c.archived,
+                        "title": c.title,
+                        "parent_id": c.parent_id,
+                    }
+                    for c in s.chats.values()
+                ],
+                "published": s.published,
+                "lost": s.lost,
+                "requests": s.requests,
+                "watchers": len(s.subscribers),
+            },
+        )
 
     async def admin_add_chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         s = self.state
         try:
             owner = s.user(body["owner"])
-            script = [Step(st["status"], st.get("after"), st.get("silent", False))
-                      for st in body.get("script", [])]
+            script = [
+                Step(st["status"], st.get("after"), st.get("silent", False))
+                for st in body.get("script", [])
+            ]
             parent = s.chats[body["parent_id"]] if body.get("parent_id") else None
-            chat = s.add_chat(owner, title=body.get("title", "chat"),
-                              status=body.get("status", "running"), script=script,
-                              labels=body.get("labels"), parent=parent,
-                              age=float(body.get("age", 0)),
-                              queued_for_capacity=bool(body.get("queued_for_capacity")),
-                              progress_every=body.get("progress_every"),
-                              publish=bool(body.get("publish", True)))
+            chat = s.add_chat(
+                owner,
+                title=body.get("title", "chat"),
+                status=body.get("status", "running"),
+                script=script,
+                labels=body.get("labels"),
+                parent=parent,
+                age=float(body.get("age", 0)),
+                queued_for_capacity=bool(body.get("queued_for_capacity")),
+                progress_every=body.get("progress_every"),
+                publish=bool(body.get("publish", True)),
+            )
         except (KeyError, ValueError) as exc:
             return _json(400, {"message": f"bad admin request: {exc}"})
         return _json(200, {"id": chat.id})
@@ -549,8 +655,12 @@ class SimServer:
             return _json(404, {"message": "no such chat"})
         try:
             self.state.chats[cid].script.clear()
-            self.state.set_status(cid, body["status"], silent=bool(body.get("silent")),
-                                  last_error=body.get("last_error"))
+            self.state.set_status(
+                cid,
+                body["status"],
+                silent=bool(body.get("silent")),
+                last_error=body.get("last_error"),
+            )
         except (KeyError, ValueError) as exc:
             return _json(400, {"message": f"bad admin request: {exc}"})
         return _json(200, {"ok": True})
@@ -599,4 +709,3 @@ class SimServer:
         body = await request.json()
         self.state.clock_offset = float(body["offset"])
         return _json(200, {"ok": True})
-

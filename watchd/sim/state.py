@@ -177,12 +177,19 @@ class SimState:
 
     # -- fixtures --------------------------------------------------------------------
 
-    def add_user(self, username: str, *, token: str | None = None, budget: int = -1,
-                 consumed: int = 0) -> SimUser:
+    def add_user(
+        self, username: str, *, token: str | None = None, budget: int = -1, consumed: int = 0
+    ) -> SimUser:
         uid = self.new_id()
         secret = token or f"{uid[:10]}-{self.rng.getrandbits(120):030x}"
-        user = SimUser(id=uid, username=username, token=secret, org_id=self.org_id,
-                       quota_budget=budget, credits_consumed=consumed)
+        user = SimUser(
+            id=uid,
+            username=username,
+            token=secret,
+            org_id=self.org_id,
+            quota_budget=budget,
+            credits_consumed=consumed,
+        )
         self.users[uid] = user
         return user
 
@@ -192,12 +199,24 @@ class SimState:
                 return u
         raise KeyError(username)
 
-    def add_workspace(self, owner: SimUser, *, build_status: str = "running",
-                      job_status: str = "succeeded", error_code: str = "",
-                      cost: int = 10) -> SimWorkspace:
-        ws = SimWorkspace(id=self.new_id(), owner_id=owner.id, name=f"ws-{len(self.workspaces)}",
-                          build_status=build_status, job_status=job_status,
-                          error_code=error_code, cost=cost)
+    def add_workspace(
+        self,
+        owner: SimUser,
+        *,
+        build_status: str = "running",
+        job_status: str = "succeeded",
+        error_code: str = "",
+        cost: int = 10,
+    ) -> SimWorkspace:
+        ws = SimWorkspace(
+            id=self.new_id(),
+            owner_id=owner.id,
+            name=f"ws-{len(self.workspaces)}",
+            build_status=build_status,
+            job_status=job_status,
+            error_code=error_code,
+            cost=cost,
+        )
         self.workspaces[ws.id] = ws
         return ws
 
@@ -226,12 +245,23 @@ class SimState:
         cid = self.new_id()
         root = parent.root_id or parent.id if parent else cid
         chat = SimChat(
-            id=cid, owner_id=owner.id, org_id=owner.org_id, title=title, status=status,
-            created_at=now - age, updated_at=now - age, entered_at=now - age,
-            parent_id=parent.id if parent else None, root_id=root,
-            workspace_id=workspace.id if workspace else None, labels=dict(labels or {}),
-            script=deque(script or []), progress_every=progress_every,
-            queued_for_capacity=queued_for_capacity, wedged=wedged, last_error=last_error,
+            id=cid,
+            owner_id=owner.id,
+            org_id=owner.org_id,
+            title=title,
+            status=status,
+            created_at=now - age,
+            updated_at=now - age,
+            entered_at=now - age,
+            parent_id=parent.id if parent else None,
+            root_id=root,
+            workspace_id=workspace.id if workspace else None,
+            labels=dict(labels or {}),
+            script=deque(script or []),
+            progress_every=progress_every,
+            queued_for_capacity=queued_for_capacity,
+            wedged=wedged,
+            last_error=last_error,
         )
         chat.messages = [self._message(chat, "user", "Please do the thing.")]
         self.chats[cid] = chat
@@ -241,9 +271,14 @@ class SimState:
 
     def _message(self, chat: SimChat, role: str, text: str) -> dict[str, Any]:
         self._message_ids += 1
-        return {"id": self._message_ids, "chat_id": chat.id, "role": role,
-                "created_at": iso(self.now()), "created_by": chat.owner_id,
-                "content": [{"type": "text", "text": text}]}
+        return {
+            "id": self._message_ids,
+            "chat_id": chat.id,
+            "role": role,
+            "created_at": iso(self.now()),
+            "created_by": chat.owner_id,
+            "content": [{"type": "text", "text": text}],
+        }
 
     def _check_status(self, status: str) -> None:
         if status not in self.era.statuses:
@@ -251,8 +286,9 @@ class SimState:
 
     # -- transitions -----------------------------------------------------------------
 
-    def set_status(self, chat_id: str, status: str, *, silent: bool = False,
-                   last_error: Any = None) -> SimChat:
+    def set_status(
+        self, chat_id: str, status: str, *, silent: bool = False, last_error: Any = None
+    ) -> SimChat:
         """Move a chat to ``status``, writing updated_at (every transition does)."""
         chat = self.chats[chat_id]
         self._check_status(status)
@@ -262,8 +298,11 @@ class SimState:
         chat.entered_at = now
         chat.last_error = last_error if status == "error" else None
         if status == "error" and chat.last_error is None:
-            chat.last_error = {"message": "The model provider failed.", "kind": "generic",
-                               "retryable": False}
+            chat.last_error = {
+                "message": "The model provider failed.",
+                "kind": "generic",
+                "retryable": False,
+            }
         if status != "running":
             chat.queued_for_capacity = False
         if status == "waiting":
@@ -280,8 +319,11 @@ class SimState:
         for chat in list(self.chats.values()):
             if chat.archived:
                 continue
-            if (chat.status == "running" and chat.progress_every
-                    and now - chat.updated_at >= chat.progress_every):
+            if (
+                chat.status == "running"
+                and chat.progress_every
+                and now - chat.updated_at >= chat.progress_every
+            ):
                 chat.updated_at = now  # CommitStep: progress, same status, no publish
             if chat.status == "interrupting" and not chat.wedged:
                 if now - chat.entered_at >= chat.interrupt_settle:
@@ -293,15 +335,17 @@ class SimState:
             head = chat.script[0]
             if head.status != chat.status:
                 # The chat was moved by hand; the script resumes from this step.
-                self.set_status(chat.id, head.status, silent=head.silent,
-                                last_error=head.last_error)
+                self.set_status(
+                    chat.id, head.status, silent=head.silent, last_error=head.last_error
+                )
                 continue
             if head.after is not None and now - chat.entered_at >= head.after:
                 chat.script.popleft()
                 if chat.script:
                     nxt = chat.script[0]
-                    self.set_status(chat.id, nxt.status, silent=nxt.silent,
-                                    last_error=nxt.last_error)
+                    self.set_status(
+                        chat.id, nxt.status, silent=nxt.silent, last_error=nxt.last_error
+                    )
 
     def archive(self, chat_id: str, *, publish: bool = False) -> None:
         chat = self.chats[chat_id]
@@ -320,7 +364,7 @@ class SimState:
             self.chats.pop(child.id, None)
 
     def family(self, chat: SimChat) -> list[SimChat]:
-        return [c for c in self.chats.values() if c.id == chat.id or c.root_id == chat.id]
+        return [c for c in self.chats.values() if chat.id in (c.id, c.root_id)]
 
     def revoke(self, username: str) -> None:
         user = self.user(username)
@@ -331,8 +375,9 @@ class SimState:
 
     def subscribe(self, user_id: str) -> Subscriber:
         if self.faults.subscribe_fail:
-            raise SimError(500, "Internal error subscribing to chat events.",
-                           "pubsub: connection refused")
+            raise SimError(
+                500, "Internal error subscribing to chat events.", "pubsub: connection refused"
+            )
         sub = Subscriber(user_id=user_id, queue=asyncio.Queue(maxsize=self.subscriber_buffer))
         self.subscribers.add(sub)
         return sub
@@ -343,13 +388,18 @@ class SimState:
     def publish(self, chat: SimChat, kind: str) -> None:
         payload: dict[str, Any] = {"kind": kind, "chat": self.watch_chat(chat)}
         if kind == "action_required":
-            payload["tool_calls"] = [{"tool_call_id": f"call_{self.rng.getrandbits(32):x}",
-                                      "tool_name": "run_query", "args": "{\"sql\":\"select 1\"}"}]
+            payload["tool_calls"] = [
+                {
+                    "tool_call_id": f"call_{self.rng.getrandbits(32):x}",
+                    "tool_name": "run_query",
+                    "args": '{"sql":"select 1"}',
+                }
+            ]
         self.published += 1
-        if self.era.publish_limit is not None:
-            if len(json.dumps(payload)) > self.era.publish_limit:
-                self.oversize += 1
-                return
+        limit = self.era.publish_limit
+        if limit is not None and len(json.dumps(payload)) > limit:
+            self.oversize += 1
+            return
         for sub in list(self.subscribers):
             if sub.user_id != chat.owner_id:
                 continue
@@ -378,20 +428,36 @@ class SimState:
 
     # -- serialization ---------------------------------------------------------------
 
-    def chat_json(self, chat: SimChat, *, single: bool = False, embed: bool = True) -> dict[str, Any]:
+    def chat_json(
+        self, chat: SimChat, *, single: bool = False, embed: bool = True
+    ) -> dict[str, Any]:
         owner = self.users.get(chat.owner_id)
         body: dict[str, Any] = {
-            "id": chat.id, "organization_id": chat.org_id, "owner_id": chat.owner_id,
+            "id": chat.id,
+            "organization_id": chat.org_id,
+            "owner_id": chat.owner_id,
             "owner_username": owner.username if owner else "",
-            "workspace_id": chat.workspace_id, "build_id": None, "agent_id": None,
-            "parent_chat_id": chat.parent_id, "root_chat_id": chat.root_id,
+            "workspace_id": chat.workspace_id,
+            "build_id": None,
+            "agent_id": None,
+            "parent_chat_id": chat.parent_id,
+            "root_chat_id": chat.root_id,
             "last_model_config_id": "e5a9c0de-0000-4000-8000-000000000001",
-            "title": chat.title, "status": chat.status, "last_error": chat.last_error,
-            "last_turn_summary": None, "summary": None,
-            "created_at": iso(chat.created_at), "updated_at": iso(chat.updated_at),
-            "archived": chat.archived, "shared": False, "pin_order": chat.pin_order,
-            "mcp_server_ids": [], "labels": dict(chat.labels), "has_unread": False,
-            "client_type": "api", "children": [],
+            "title": chat.title,
+            "status": chat.status,
+            "last_error": chat.last_error,
+            "last_turn_summary": None,
+            "summary": None,
+            "created_at": iso(chat.created_at),
+            "updated_at": iso(chat.updated_at),
+            "archived": chat.archived,
+            "shared": False,
+            "pin_order": chat.pin_order,
+            "mcp_server_ids": [],
+            "labels": dict(chat.labels),
+            "has_unread": False,
+            "client_type": "api",
+            "children": [],
         }
         if self.era.name == "A" and isinstance(chat.last_error, dict):
             # Early servers stored last_error as a text column.
@@ -413,10 +479,15 @@ class SimState:
             body.pop("children", None)
             return body
         return {
-            "id": chat.id, "owner_id": chat.owner_id, "title": chat.title,
-            "status": chat.status, "created_at": iso(chat.created_at),
-            "updated_at": iso(chat.updated_at), "parent_chat_id": chat.parent_id,
-            "root_chat_id": chat.root_id, "workspace_id": chat.workspace_id,
+            "id": chat.id,
+            "owner_id": chat.owner_id,
+            "title": chat.title,
+            "status": chat.status,
+            "created_at": iso(chat.created_at),
+            "updated_at": iso(chat.updated_at),
+            "parent_chat_id": chat.parent_id,
+            "root_chat_id": chat.root_id,
+            "workspace_id": chat.workspace_id,
         }
 
     # -- rate limit ------------------------------------------------------------------

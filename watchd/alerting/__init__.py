@@ -1,0 +1,1 @@
+"""Alerts: the record, the sink seam, matchers, and (later) routing and receivers."""

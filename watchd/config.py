@@ -1,0 +1,499 @@
+"""watchd's configuration: YAML validated at the edge into pydantic models.
+
+Every field says why its default is what it is. Unknown keys are errors that
+name their path; durations, URLs and matchers are checked at load; secrets
+are references (``*_file``, ``*_env``, ``*_credential``) resolved by
+:func:`resolve_secrets`, whose errors name the reference, never the value.
+Environment variables override nothing here (OpenTelemetry's ``OTEL_*`` are
+read by the telemetry module).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from watchd import secrets
+from watchd.alerting.matching import MatcherError, parse_matcher
+
+DEFAULT_CONFIG_PATH = "/etc/watchd/watchd.yaml"
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any) -> float:
+    """``90s``, ``15m``, ``2h``, ``1h30m``, ``500ms`` (or a bare number of seconds)."""
+    if isinstance(value, bool):
+        raise ValueError("a duration like 90s, 15m or 2h is required")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("durations cannot be negative")
+        return float(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("a duration like 90s, 15m or 2h is required")
+    text = value.strip()
+    pos = 0
+    total = 0.0
+    for m in _DURATION.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or pos == 0:
+        raise ValueError(f"{value!r} is not a duration (use e.g. 90s, 15m, 2h, 1h30m)")
+    return total
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def format_duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            n, seconds = divmod(seconds, size)
+            parts.append(f"{n}{unit}")
+    return "".join(parts[:2])
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _http_url(value: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL")
+    if parts.username or parts.password:
+        raise ValueError("credentials in URLs are not allowed; use a *_file reference")
+    return value.rstrip("/")
+
+
+HttpUrl = Annotated[str, BeforeValidator(lambda v: _http_url(v) if isinstance(v, str) else v)]
+
+
+class Budgets(Strict):
+    """Time in status before ChatStuck / ChatStranded fires."""
+
+    # Older servers' queue state; a chat waiting this long for a worker is not scheduling.
+    pending: Duration = 600.0
+    # A turn with model and tool steps rarely exceeds 30 min; fleets set requestTimeoutMs below it.
+    running: Duration = 1800.0
+    # Interrupt finalisation is seconds; 2 min covers a dead runner's lease expiry + rescan.
+    interrupting: Duration = 120.0
+    # The server cancels client-tool pauses after 5 min; 15 min means that failed too.
+    requires_action: Duration = 900.0
+    # Statuses this build does not know are treated as active with this budget.
+    default: Duration = 1800.0
+    # Optional second clock: `running` with no server-side progress (updated_at unmoved).
+    # Off by default: capacity queueing legitimately makes no progress for a long time.
+    stalled: Duration | None = None
+    # Budgets for statuses that are not named above (a newer server's statuses).
+    other: dict[str, Duration] = Field(default_factory=dict)
+
+    def for_status(self, status: str) -> float:
+        fixed = {
+            "pending": self.pending,
+            "running": self.running,
+            "interrupting": self.interrupting,
+            "requires_action": self.requires_action,
+        }
+        if status in fixed:
+            return fixed[status]
+        return self.other.get(status, self.default)
+
+
+class IdentityConfig(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+    url: HttpUrl
+    token_file: str | None = None
+    token_env: str | None = None
+    token_credential: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    # Coder allows ~512 req/min per user per endpoint; 300 across all endpoints leaves room
+    # for the agents that share the token.
+    requests_per_minute: Annotated[int, Field(ge=10, le=6000)] = 300
+    # How long an identity may fail to watch or list before IdentityUnhealthy fires:
+    # long enough to ride out a Coder rolling restart, short enough to matter.
+    unhealthy_after: Duration = 120.0
+    budgets: Budgets | None = None
+
+    @model_validator(mode="after")
+    def _one_token(self) -> IdentityConfig:
+        given = [x for x in (self.token_file, self.token_env, self.token_credential) if x]
+        if len(given) != 1:
+            raise ValueError("give exactly one of token_file, token_env, token_credential")
+        return self
+
+
+class WebhookReceiver(Strict):
+    url: HttpUrl
+    # Optional HMAC-SHA256 signature of the body in X-Watchd-Signature.
+    hmac_secret_file: str | None = None
+    hmac_secret_env: str | None = None
+    hmac_secret_credential: str | None = None
+    # Alertmanager's default; a big group can be cut without losing the count.
+    max_alerts: Annotated[int, Field(ge=0)] = 0
+    timeout: Duration = 10.0
+
+
+class PagerDutyReceiver(Strict):
+    routing_key_file: str | None = None
+    routing_key_env: str | None = None
+    routing_key_credential: str | None = None
+    url: HttpUrl = "https://events.pagerduty.com/v2/enqueue"
+    # Severity for alerts whose `severity` label is missing or not a PagerDuty one.
+    severity: Literal["critical", "error", "warning", "info"] = "error"
+    timeout: Duration = 10.0
+
+    @model_validator(mode="after")
+    def _one_key(self) -> PagerDutyReceiver:
+        refs = (self.routing_key_file, self.routing_key_env, self.routing_key_credential)
+        if len([x for x in refs if x]) != 1:
+            raise ValueError(
+                "give exactly one of routing_key_file, routing_key_env, routing_key_credential"
+            )
+        return self
+
+
+class SlackReceiver(Strict):
+    webhook_url_file: str | None = None
+    webhook_url_env: str | None = None
+    webhook_url_credential: str | None = None
+    # Chats listed per message before "+N more": keeps messages readable and under 50 blocks.
+    max_chats: Annotated[int, Field(ge=1, le=40)] = 10
+    timeout: Duration = 10.0
+
+    @model_validator(mode="after")
+    def _one_url(self) -> SlackReceiver:
+        refs = (self.webhook_url_file, self.webhook_url_env, self.webhook_url_credential)
+        if len([x for x in refs if x]) != 1:
+            raise ValueError(
+                "give exactly one of webhook_url_file, webhook_url_env, webhook_url_credential"
+            )
+        return self
+
+
+class AlertmanagerReceiver(Strict):
+    url: HttpUrl
+    timeout: Duration = 10.0
+
+
+class ConsoleReceiver(Strict):
+    pass
+
+
+class ReceiverConfig(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+    webhook: WebhookReceiver | None = None
+    pagerduty: PagerDutyReceiver | None = None
+    slack: SlackReceiver | None = None
+    alertmanager: AlertmanagerReceiver | None = None
+    console: ConsoleReceiver | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ReceiverConfig:
+        kinds = [
+            k
+            for k in ("webhook", "pagerduty", "slack", "alertmanager", "console")
+            if getattr(self, k) is not None
+        ]
+        if len(kinds) != 1:
+            raise ValueError("give exactly one of webhook, pagerduty, slack, alertmanager, console")
+        return self
+
+    @property
+    def kind(self) -> str:
+        for k in ("webhook", "pagerduty", "slack", "alertmanager", "console"):
+            if getattr(self, k) is not None:
+                return k
+        raise AssertionError("validated")
+
+
+def _check_matchers(values: list[str]) -> list[str]:
+    for v in values:
+        try:
+            parse_matcher(v)
+        except MatcherError as exc:
+            raise ValueError(str(exc)) from None
+    return values
+
+
+Matchers = Annotated[list[str], BeforeValidator(lambda v: v), Field(default_factory=list)]
+
+
+class RouteConfig(Strict):
+    """A node of the route tree; unset options inherit from the parent (Alertmanager)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    receiver: str | None = None
+    matchers: Matchers
+    continue_: bool = Field(default=False, alias="continue")
+    group_by: list[str] | None = None
+    group_wait: Duration | None = None
+    group_interval: Duration | None = None
+    repeat_interval: Duration | None = None
+    routes: list[RouteConfig] = Field(default_factory=list)
+
+    _v = field_validator("matchers")(_check_matchers)
+
+
+class SilenceConfig(Strict):
+    matchers: Matchers
+    starts_at: str | None = None
+    ends_at: str
+    comment: str = ""
+    created_by: str = "config"
+
+    _v = field_validator("matchers")(_check_matchers)
+
+
+class InhibitRule(Strict):
+    source_matchers: Matchers
+    target_matchers: Matchers
+    equal: list[str] = Field(default_factory=list)
+
+    _v1 = field_validator("source_matchers")(_check_matchers)
+    _v2 = field_validator("target_matchers")(_check_matchers)
+
+
+def _default_inhibit() -> list[InhibitRule]:
+    # An identity that cannot watch has no trustworthy verdicts; its ChatStuck is noise.
+    return [
+        InhibitRule(
+            source_matchers=['alertname="IdentityUnhealthy"'],
+            target_matchers=['alertname=~"ChatStuck|ChatStranded"'],
+            equal=["identity"],
+        )
+    ]
+
+
+class ServerConfig(Strict):
+    listen: str = "127.0.0.1:9310"
+    ingest_token_file: str | None = None
+    ingest_token_env: str | None = None
+    ingest_token_credential: str | None = None
+    # An agent batch is a few KB; 1 MiB allows big batches without letting one request
+    # pin memory.
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"{v!r} is not HOST:PORT")
+        return v
+
+
+class DetectionConfig(Strict):
+    # Confirmation GETs per identity per second: a burst of due chats must not exhaust
+    # Coder's per-endpoint budget (512/min) that the agents also draw on.
+    confirm_rate: Annotated[float, Field(gt=0, le=50)] = 4.0
+    # When this many chats of one identity are due together, one listing is cheaper
+    # than that many GETs.
+    confirm_listing_threshold: Annotated[int, Field(ge=1)] = 20
+    # Report `error` chats as ChatFailed (off: an errored chat is the user's to resume).
+    chat_failed: bool = False
+
+
+class Config(Strict):
+    identities: list[IdentityConfig]
+    budgets: Budgets = Field(default_factory=Budgets)
+    # The stream drops events (NOTIFY is best-effort): a full listing every minute bounds
+    # how long a lost transition stays unseen.
+    reconcile_interval: Duration = 60.0
+    detection: DetectionConfig = Field(default_factory=DetectionConfig)
+    receivers: list[ReceiverConfig] = Field(
+        default_factory=lambda: [ReceiverConfig(name="console", console=ConsoleReceiver())]
+    )
+    route: RouteConfig = Field(default_factory=lambda: RouteConfig(receiver="console", matchers=[]))
+    silences: list[SilenceConfig] = Field(default_factory=list)
+    inhibit_rules: list[InhibitRule] = Field(default_factory=_default_inhibit)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    state_dir: str = "/var/lib/watchd"
+    # The link in alerts; the Coder UI shows a chat at {deployment}/agents/{chat_id}.
+    chat_link_template: str = "{deployment}/agents/{chat_id}"
+
+    @model_validator(mode="after")
+    def _cross(self) -> Config:
+        names = [i.name for i in self.identities]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"identity names must be unique: {', '.join(dupes)}")
+        if not self.identities:
+            raise ValueError("at least one identity is required")
+        receivers = [r.name for r in self.receivers]
+        rdupes = sorted({n for n in receivers if receivers.count(n) > 1})
+        if rdupes:
+            raise ValueError(f"receiver names must be unique: {', '.join(rdupes)}")
+        if self.route.receiver is None:
+            raise ValueError("route.receiver: the root route needs a receiver")
+        self._check_route(self.route, set(receivers), "route")
+        return self
+
+    def _check_route(self, route: RouteConfig, known: set[str], path: str) -> None:
+        if route.receiver is not None and route.receiver not in known:
+            raise ValueError(f"{path}.receiver: no receiver named {route.receiver!r}")
+        for i, child in enumerate(route.routes):
+            self._check_route(child, known, f"{path}.routes.{i}")
+
+    def budgets_for(self, identity: IdentityConfig) -> Budgets:
+        return identity.budgets or self.budgets
+
+
+class ConfigError(Exception):
+    """Invalid configuration: ``problems`` has one line per problem, each naming its path."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def _format_errors(exc: ValidationError) -> list[str]:
+    out = []
+    for err in exc.errors(include_url=False, include_input=False):
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        msg = msg.removeprefix("Value error, ")
+        out.append(f"{path}: {msg}")
+    return out
+
+
+def parse_config(data: Any, *, source: str = "config") -> Config:
+    if data is None:
+        raise ConfigError([f"{source}: empty configuration"])
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}: top level must be a mapping"])
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{p}: cannot read ({exc.strerror or type(exc).__name__})"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError([f"{p}: not valid YAML{where}"]) from None
+    return parse_config(data, source=str(p))
+
+
+class ResolvedSecrets(BaseModel):
+    """Secret values, held as SecretStr so that repr/str/logging never show them."""
+
+    model_config = ConfigDict(frozen=True)
+    tokens: dict[str, SecretStr]
+    receivers: dict[str, SecretStr]
+    receiver_hmac: dict[str, SecretStr]
+    ingest_token: SecretStr | None
+
+
+def resolve_secrets(config: Config) -> ResolvedSecrets:
+    """Read every referenced secret; all problems are collected, each naming its path."""
+    problems: list[str] = []
+    tokens: dict[str, SecretStr] = {}
+    recv: dict[str, SecretStr] = {}
+    hmac: dict[str, SecretStr] = {}
+
+    def take(path: str, *, file: str | None, env: str | None, cred: str | None) -> str | None:
+        try:
+            return secrets.resolve(file=file, env=env, credential=cred, what=path)
+        except secrets.SecretError as exc:
+            problems.append(str(exc))
+            return None
+
+    for i, ident in enumerate(config.identities):
+        v = take(
+            f"identities.{i}.token ({ident.name})",
+            file=ident.token_file,
+            env=ident.token_env,
+            cred=ident.token_credential,
+        )
+        if v is not None:
+            tokens[ident.name] = SecretStr(v)
+    for i, r in enumerate(config.receivers):
+        path = f"receivers.{i}.{r.kind} ({r.name})"
+        if r.pagerduty:
+            p = r.pagerduty
+            v = take(
+                path + ".routing_key",
+                file=p.routing_key_file,
+                env=p.routing_key_env,
+                cred=p.routing_key_credential,
+            )
+            if v is not None:
+                if not re.fullmatch(r"[A-Za-z0-9]{32}", v):
+                    problems.append(f"{path}.routing_key: must be 32 alphanumeric characters")
+                recv[r.name] = SecretStr(v)
+        elif r.slack:
+            s = r.slack
+            v = take(
+                path + ".webhook_url",
+                file=s.webhook_url_file,
+                env=s.webhook_url_env,
+                cred=s.webhook_url_credential,
+            )
+            if v is not None:
+                try:
+                    _http_url(v)
+                except ValueError:
+                    problems.append(
+                        f"{path}.webhook_url: the referenced value is not an http(s) URL"
+                    )
+                recv[r.name] = SecretStr(v)
+        elif r.webhook and (
+            r.webhook.hmac_secret_file
+            or r.webhook.hmac_secret_env
+            or r.webhook.hmac_secret_credential
+        ):
+            w = r.webhook
+            v = take(
+                path + ".hmac_secret",
+                file=w.hmac_secret_file,
+                env=w.hmac_secret_env,
+                cred=w.hmac_secret_credential,
+            )
+            if v is not None:
+                hmac[r.name] = SecretStr(v)
+    ingest = None
+    srv = config.server
+    if srv.ingest_token_file or srv.ingest_token_env or srv.ingest_token_credential:
+        v = take(
+            "server.ingest_token",
+            file=srv.ingest_token_file,
+            env=srv.ingest_token_env,
+            cred=srv.ingest_token_credential,
+        )
+        if v is not None:
+            ingest = SecretStr(v)
+    if problems:
+        raise ConfigError(problems)
+    return ResolvedSecrets(tokens=tokens, receivers=recv, receiver_hmac=hmac, ingest_token=ingest)

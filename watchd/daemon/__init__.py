@@ -1,0 +1,1 @@
+"""The process shell: supervisor, HTTP server, sd_notify, and the daemon's wiring."""

@@ -1,0 +1,200 @@
+"""The daemon's wiring: config in, supervised watchers, detector, server; ordered stop.
+
+Start: open the state DB and load clocks and firing alerts; start the HTTP
+server; one watcher + one reconciler per identity (restartable), the
+detector, the state flusher and the loop heartbeat (root tasks).
+Stop (SIGTERM/SIGINT): stop intake (server), stop watchers, stop the
+detector, flush state, close sessions — each step with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import time
+from pathlib import Path
+
+import aiohttp
+
+from watchd import __version__, logs
+from watchd.alerting.model import AlertSink, ConsoleSink
+from watchd.clock import ServerClock
+from watchd.coder.client import CoderClient
+from watchd.coder.transport import RateLimiter, Transport
+from watchd.config import Config, IdentityConfig, ResolvedSecrets
+from watchd.daemon.server import Server
+from watchd.daemon.supervisor import Supervisor
+from watchd.detection.detector import Detector
+from watchd.detection.health import IdentityHealth
+from watchd.store.chats import ChatStore
+from watchd.store.persistence import StateDB
+from watchd.telemetry.events import EventSink, NullSink, own_source
+from watchd.watching.watcher import IdentityWatcher, WatchSettings
+
+log = logs.get("watchd.daemon")
+
+STOP_DEADLINES = {"server": 2.0, "watchers": 3.0, "core": 2.0}
+# How many identities may list at once: after a Coder restart, 50 watchers must not
+# all list in the same second.
+CONCURRENT_LISTINGS = 4
+
+
+def state_dir(config: Config) -> Path:
+    return Path(os.environ.get("STATE_DIRECTORY", "").split(":")[0] or config.state_dir)
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        secrets: ResolvedSecrets,
+        *,
+        sink: AlertSink | None = None,
+        events: EventSink | None = None,
+        settings: WatchSettings | None = None,
+    ) -> None:
+        self.config = config
+        self.secrets = secrets
+        self.version = __version__
+        self.started = time.monotonic()
+        self.last_beat = time.monotonic()
+        self.supervisor = Supervisor()
+        self.store = ChatStore()
+        self.events: EventSink = events or NullSink()
+        self.settings = settings or WatchSettings(reconcile_interval=config.reconcile_interval)
+        self.db = StateDB(state_dir(config) / "watchd.sqlite3")
+        loaded = self.store.load(self.db.load_chats())
+        self.detector = Detector(
+            store=self.store,
+            sink=sink or ConsoleSink(),
+            db=self.db,
+            confirm_rate=config.detection.confirm_rate,
+            listing_threshold=config.detection.confirm_listing_threshold,
+            chat_failed=config.detection.chat_failed,
+            link_template=config.chat_link_template,
+        )
+        self.health: dict[str, IdentityHealth] = {}
+        self.watchers: dict[str, IdentityWatcher] = {}
+        self.server = Server(self, listen=config.server.listen)
+        self._session: aiohttp.ClientSession | None = None
+        self._gate = asyncio.Semaphore(CONCURRENT_LISTINGS)
+        log.info(
+            "state.loaded",
+            chats=loaded,
+            alerts_firing=len(self.detector.firing),
+            path=str(self.db.path),
+        )
+
+    def ready(self) -> bool:
+        return all(h.seeded_once for h in self.health.values())
+
+    async def run(self, stop: asyncio.Event) -> int:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=100, limit_per_host=20),
+        )
+        sup = self.supervisor
+        try:
+            bound = await self.server.start()
+            log.info("server.listening", listen=bound)
+            sup.spawn("heartbeat", self._heartbeat, group="core", root=True)
+            sup.spawn("detector", self.detector.run, group="core", root=True)
+            sup.spawn("state-flusher", self._flush_forever, group="core", root=True)
+            for ident in self.config.identities:
+                self.add_identity(ident)
+            stopper = asyncio.create_task(stop.wait())
+            ended = asyncio.create_task(sup.root_ended.wait())
+            await asyncio.wait({stopper, ended}, return_when=asyncio.FIRST_COMPLETED)
+            for t in (stopper, ended):
+                t.cancel()
+            code = 0
+            if sup.root_ended.is_set():
+                log.error("daemon.root_task_ended", task=sup.ended_by)
+                code = 1
+            return code
+        finally:
+            await self.shutdown()
+
+    def add_identity(self, ident: IdentityConfig) -> None:
+        assert self._session is not None
+        name = ident.name
+        clock = ServerClock()
+        health = IdentityHealth(
+            name=name,
+            deployment=ident.url,
+            server_clock=clock,
+            unhealthy_after=ident.unhealthy_after,
+        )
+        transport = Transport(
+            base_url=ident.url,
+            token=self.secrets.tokens[name].get_secret_value(),
+            session=self._session,
+            identity=name,
+            events=self.events,
+            source=own_source(name),
+            server_clock=clock,
+            limiter=RateLimiter(
+                rate=ident.requests_per_minute / 60.0, burst=max(5, ident.requests_per_minute // 10)
+            ),
+        )
+        client = CoderClient(transport)
+        watcher = IdentityWatcher(
+            health=health,
+            client=client,
+            store=self.store,
+            detector=self.detector,
+            listing_gate=self._gate,
+            settings=self.settings,
+            token_provider=lambda: self._reread_token(ident),
+            rng=random.Random(),
+        )
+        self.health[name] = health
+        self.watchers[name] = watcher
+        self.detector.register(
+            health, confirmer=watcher, budgets=self.config.budgets_for(ident), labels=ident.labels
+        )
+        self.supervisor.spawn(
+            f"watch:{name}", watcher.watch_forever, group="watchers", restart=True
+        )
+        self.supervisor.spawn(
+            f"reconcile:{name}", watcher.reconcile_forever, group="watchers", restart=True
+        )
+
+    @staticmethod
+    def _reread_token(ident: IdentityConfig) -> str:
+        from watchd import secrets
+
+        return secrets.resolve(
+            file=ident.token_file,
+            env=ident.token_env,
+            credential=ident.token_credential,
+            what=f"identity {ident.name}",
+        )
+
+    async def _heartbeat(self) -> None:
+        while True:
+            self.last_beat = time.monotonic()
+            await asyncio.sleep(1.0)
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.db.flush()
+
+    async def shutdown(self) -> None:
+        """Ordered, deadline-bound: intake, watchers, core, state, sessions."""
+        t0 = time.monotonic()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.server.stop(), STOP_DEADLINES["server"])
+        hung = await self.supervisor.stop_group("watchers", deadline=STOP_DEADLINES["watchers"])
+        for name in list(self.watchers):
+            self.health[name].set_state("stopped")
+        hung += await self.supervisor.stop_group("core", deadline=STOP_DEADLINES["core"])
+        for w in self.detector.watched.values():
+            if w.task is not None:
+                w.task.cancel()
+        self.db.close()
+        if self._session is not None:
+            await self._session.close()
+        log.info("daemon.stopped", seconds=round(time.monotonic() - t0, 2), hung=hung)

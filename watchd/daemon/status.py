@@ -1,0 +1,213 @@
+"""The daemon's state as data: the ``/status`` document and ``/metrics`` text.
+
+Both are computed at request time from the live objects (store, health,
+detector), so there is no second copy of any number to drift. Nothing here
+reads a secret: identities are shown by name and URL only.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from watchd.config import format_duration
+
+if TYPE_CHECKING:
+    from watchd.daemon.app import Daemon
+
+
+def status_document(d: Daemon) -> dict[str, Any]:
+    identities = []
+    for name, h in d.health.items():
+        by_status = Counter(r.status for r in d.store.records(name))
+        identities.append(
+            {
+                "name": name,
+                "deployment": h.deployment,
+                "state": h.state,
+                "ready": h.ready,
+                "seeded": h.seeded_once,
+                "prefix": h.prefix,
+                "last_list": h.last_list_ok,
+                "last_list_age_seconds": None
+                if h.last_list_ok is None
+                else round(h.server_clock.now() - h.last_list_ok, 1),
+                "chats": sum(by_status.values()),
+                "chats_by_status": dict(sorted(by_status.items())),
+                "last_error": h.last_error,
+                "reconnects": h.reconnects,
+                "relists": h.relists,
+                "events": h.events,
+                "server_clock_offset_seconds": round(h.server_clock.offset, 3),
+            }
+        )
+    det = d.detector
+    firing = [
+        a.to_json()
+        for a in sorted(
+            det.firing.values(), key=lambda a: (a.labels.get("identity", ""), a.starts_at)
+        )
+    ]
+    return {
+        "version": d.version,
+        "uptime_seconds": round(time.monotonic() - d.started, 1),
+        "ready": d.ready(),
+        "identities": identities,
+        "alerts": {"firing": firing, "recent": [a.to_json() for a in list(det.history)[-50:]]},
+        "silences": [],
+        "counters": dict(det.counters),
+        "store": {
+            "chats": len(d.store),
+            "stale_ignored": d.store.stale_ignored,
+            "synthesized": d.store.synthesized,
+            "overflow": d.store.overflow,
+        },
+    }
+
+
+_CSS = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin-bottom: 2em; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+tr.bad td { background: #fde8e8; }
+tr.ok td:nth-child(3) { color: #080; }
+h1 small { font-weight: normal; color: #777; font-size: 60%; }
+"""
+
+
+def status_html(doc: dict[str, Any]) -> str:
+    e = html.escape
+    rows = []
+    for i in doc["identities"]:
+        statuses = ", ".join(f"{e(k)}: {v}" for k, v in i["chats_by_status"].items()) or "—"
+        age = i["last_list_age_seconds"]
+        rows.append(
+            f"<tr class='{'ok' if i['ready'] else 'bad'}'><td>{e(i['name'])}</td>"
+            f"<td>{e(i['deployment'])}</td><td>{e(i['state'])}</td>"
+            f"<td>{'—' if age is None else e(format_duration(age)) + ' ago'}</td>"
+            f"<td>{i['chats']}</td><td>{statuses}</td><td>{e(i['last_error'] or '')}</td></tr>"
+        )
+    alerts = []
+    for a in doc["alerts"]["firing"]:
+        lab, ann = a["labels"], a["annotations"]
+        alerts.append(
+            f"<tr><td>{e(lab.get('alertname', ''))}</td><td>{e(lab.get('identity', ''))}</td>"
+            f"<td>{e(lab.get('status', ''))}</td><td>{e(ann.get('title', ''))}</td>"
+            f"<td>{e(ann.get('time_in_status', ''))}</td><td>{e(ann.get('budget', ''))}</td>"
+            f"<td>{e(ann.get('clock', ''))}</td><td>{e(ann.get('hint', ''))}</td></tr>"
+        )
+    no_alerts = "<tr><td colspan=8>No alerts firing.</td></tr>"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>watchd status</title>
+<meta http-equiv="refresh" content="10">
+<style>{_CSS}</style></head><body>
+<h1>watchd <small>v{e(doc["version"])} · up {e(format_duration(doc["uptime_seconds"]))}
+ · {"ready" if doc["ready"] else "not ready"}</small></h1>
+<h2>Identities</h2>
+<table id="identities"><tr><th>identity</th><th>deployment</th><th>watch</th><th>last list</th>
+<th>chats</th><th>by status</th><th>last error</th></tr>{"".join(rows)}</table>
+<h2>Firing alerts ({len(doc["alerts"]["firing"])})</h2>
+<table id="alerts"><tr><th>alert</th><th>identity</th><th>status</th><th>chat</th>
+<th>time in status</th><th>budget</th><th>clock</th><th>hint</th></tr>
+{"".join(alerts) or no_alerts}</table>
+</body></html>"""
+
+
+def _escape(value: str) -> str:
+    """Prometheus label-value escaping: backslash, double quote, newline."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _fmt(name: str, labels: dict[str, str], value: float) -> str:
+    if labels:
+        inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+        return f"{name}{{{inner}}} {value}"
+    return f"{name} {value}"
+
+
+def metrics_text(d: Daemon) -> str:
+    out: list[str] = []
+
+    def family(
+        name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]
+    ) -> None:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        out.extend(_fmt(name, labels, value) for labels, value in samples)
+
+    chats: list[tuple[dict[str, str], float]] = []
+    for name in d.health:
+        for status, n in sorted(Counter(r.status for r in d.store.records(name)).items()):
+            chats.append(({"identity": name, "status": status}, n))
+    family("watchd_chats", "gauge", "Chats known, by identity and status.", chats)
+    firing = Counter((a.labels.get("identity", ""), a.name) for a in d.detector.firing.values())
+    family(
+        "watchd_alerts_firing",
+        "gauge",
+        "Alerts firing, by identity and alert name.",
+        [({"identity": i, "alertname": n}, c) for (i, n), c in sorted(firing.items())],
+    )
+    ident = list(d.health.items())
+    family(
+        "watchd_identity_ready",
+        "gauge",
+        "1 when the identity is seeded and streaming.",
+        [({"identity": n}, 1.0 if h.ready else 0.0) for n, h in ident],
+    )
+    family(
+        "watchd_watch_reconnects_total",
+        "counter",
+        "Watch stream redials.",
+        [({"identity": n}, h.reconnects) for n, h in ident],
+    )
+    family(
+        "watchd_relists_total",
+        "counter",
+        "Complete listings applied.",
+        [({"identity": n}, h.relists) for n, h in ident],
+    )
+    family(
+        "watchd_watch_events_total",
+        "counter",
+        "Watch events applied.",
+        [({"identity": n}, h.events) for n, h in ident],
+    )
+    family(
+        "watchd_last_list_age_seconds",
+        "gauge",
+        "Age of the last complete listing.",
+        [
+            ({"identity": n}, round(h.server_clock.now() - h.last_list_ok, 3))
+            for n, h in ident
+            if h.last_list_ok is not None
+        ],
+    )
+    family(
+        "watchd_synthesized_transitions_total",
+        "counter",
+        "Transitions found by a listing that the stream never delivered.",
+        [({}, d.store.synthesized)],
+    )
+    family(
+        "watchd_detector_events_total",
+        "counter",
+        "Detector activity by kind.",
+        [({"kind": k}, v) for k, v in sorted(d.detector.counters.items())],
+    )
+    family("watchd_timers", "gauge", "Armed chat clocks.", [({}, len(d.detector.timers))])
+    family(
+        "watchd_store_overflow_total",
+        "counter",
+        "Chats not stored: store at capacity.",
+        [({}, d.store.overflow)],
+    )
+    family(
+        "watchd_state_pending_writes",
+        "gauge",
+        "Chat records not yet flushed to disk.",
+        [({}, d.db.pending if d.db else 0)],
+    )
+    return "\n".join(out) + "\n"

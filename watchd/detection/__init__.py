@@ -1,0 +1,1 @@
+"""Deciding that a chat is stuck: budgets, timers, diagnosis, and the detector."""

@@ -1,0 +1,601 @@
+"""The stuck detector (``spec/alerting.md``).
+
+Watchers feed it store changes; it arms one timer per chat clock on a heap
+(never scans all chats), and when a clock runs past its budget on the
+*server's* clock it asks the identity's :class:`Confirmer` to re-read the
+chat (a rate-limited GET, or one listing when many are due together) before
+anything fires. While an identity is not ready (unseeded, disconnected) its
+due chats wait; an identity unready past its grace raises IdentityUnhealthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from watchd import logs
+from watchd.alerting.model import Alert, AlertSink, fingerprint
+from watchd.coder.errors import CoderError, PayloadError
+from watchd.coder.models import Chat
+from watchd.config import Budgets, format_duration
+from watchd.detection.budgets import alert_name, budget, status_class
+from watchd.detection.diagnosis import Facts, hint
+from watchd.detection.health import IdentityHealth
+from watchd.detection.timers import TimerHeap
+from watchd.store.chats import (
+    CLOCK_LOWER_BOUND,
+    CLOCK_SYNTHESIZED,
+    Change,
+    ChatRecord,
+    ChatStore,
+)
+from watchd.store.persistence import StateDB, StoredAlert
+
+log = logs.get("watchd.detection")
+
+CLOCK_TEXT = {
+    "transition": "transition seen on the watch stream (exact)",
+    CLOCK_SYNTHESIZED: "transition found by a listing; clock from updated_at (a lower bound)",
+    CLOCK_LOWER_BOUND: "first seen in a listing; clock from updated_at (a lower bound: the "
+    "true time in status is at least this)",
+}
+SEVERITY = {
+    "ChatStuck": "warning",
+    "ChatStranded": "warning",
+    "ChatStalled": "warning",
+    "ChatFailed": "info",
+    "IdentityUnhealthy": "critical",
+}
+_LABEL_KEY = re.compile(r"[^a-zA-Z0-9_]")
+RETRY_CONFIRM_AFTER = 30.0
+HISTORY = 500
+
+
+class Confirmer(Protocol):
+    """What the detector needs from an identity's watcher."""
+
+    async def get_chat(self, chat_id: str) -> Chat: ...
+
+    async def relist(self) -> None: ...
+
+    async def facts(self, record: ChatRecord) -> Facts: ...
+
+
+@dataclass
+class Watched:
+    health: IdentityHealth
+    confirmer: Confirmer
+    budgets: Budgets
+    labels: Mapping[str, str]
+    pending: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    deferred: set[tuple[str, str, str]] = field(default_factory=set)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+class Detector:
+    def __init__(
+        self,
+        *,
+        store: ChatStore,
+        sink: AlertSink,
+        db: StateDB | None = None,
+        confirm_rate: float = 4.0,
+        listing_threshold: int = 20,
+        chat_failed: bool = False,
+        link_template: str = "{deployment}/agents/{chat_id}",
+    ) -> None:
+        self.store = store
+        self.sink = sink
+        self.db = db
+        self.confirm_rate = confirm_rate
+        self.listing_threshold = listing_threshold
+        self.chat_failed = chat_failed
+        self.link_template = link_template
+        self.timers = TimerHeap()
+        self.watched: dict[str, Watched] = {}
+        self.firing: dict[str, Alert] = {}
+        self._by_chat: dict[tuple[str, str], set[str]] = {}
+        # Clocks whose alert is firing: not re-armed until it resolves (no re-confirm loop).
+        self._firing_clocks: dict[tuple[str, str, str], str] = {}
+        self.history: deque[Alert] = deque(maxlen=HISTORY)
+        self._wake = asyncio.Event()
+        self._unknown_statuses: set[str] = set()
+        self.counters = {
+            "fired": 0,
+            "resolved": 0,
+            "confirm_get": 0,
+            "confirm_listing": 0,
+            "confirm_failed": 0,
+            "deferred": 0,
+            "unfounded": 0,
+        }
+        if db is not None:
+            for row in db.load_alerts():
+                if row.ends_at is None:
+                    self._remember(
+                        Alert(
+                            fingerprint=row.fingerprint,
+                            labels=row.labels,
+                            annotations=row.annotations,
+                            starts_at=row.starts_at,
+                        )
+                    )
+
+    # -- identities ---------------------------------------------------------------
+
+    def register(
+        self,
+        health: IdentityHealth,
+        *,
+        confirmer: Confirmer,
+        budgets: Budgets,
+        labels: Mapping[str, str],
+    ) -> None:
+        w = Watched(health=health, confirmer=confirmer, budgets=budgets, labels=labels)
+        self.watched[health.name] = w
+        w.task = asyncio.create_task(self._confirm_loop(w), name=f"confirm:{health.name}")
+        for rec in self.store.records(health.name):
+            self._arm(rec)
+        self._wake.set()
+
+    async def unregister(self, name: str, *, reason: str) -> None:
+        """Stop watching an identity: its alerts resolve, its timers lapse."""
+        w = self.watched.pop(name, None)
+        if w and w.task:
+            w.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await w.task
+        now = time.time()
+        for fp, alert in list(self.firing.items()):
+            if alert.labels.get("identity") == name:
+                self._resolve(fp, at=now, why=reason)
+
+    def readiness_changed(self, name: str) -> None:
+        """Called by the watcher after a seed completes or the stream is lost."""
+        w = self.watched.get(name)
+        if w is None:
+            return
+        if w.health.ready:
+            # First verdicts after (re)seeding: alerts for chats no longer known resolve.
+            for fp, alert in list(self.firing.items()):
+                if alert.labels.get("identity") != name or "chat_id" not in alert.labels:
+                    continue
+                if self.store.get(name, alert.labels["chat_id"]) is None:
+                    self._resolve(fp, at=w.health.server_clock.now(), why="chat gone")
+            for key in w.deferred:
+                w.pending[key] = 0.0
+            w.deferred.clear()
+            w.wake.set()
+        self._wake.set()
+
+    # -- changes from watchers ----------------------------------------------------
+
+    def apply(self, identity: str, changes: Iterable[Change]) -> None:
+        for change in changes:
+            rec = change.record
+            if change.kind == "tombstone":
+                if self.db is not None:
+                    self.db.mark_deleted(identity, rec.chat_id)
+                self._resolve_chat(rec, why=f"chat {change.reason}")
+                continue
+            if self.db is not None:
+                self.db.mark(rec)
+            prev = change.previous
+            if prev is not None and prev.status != rec.status:
+                self._resolve_chat(prev, why=f"left {prev.status} for {rec.status}")
+            elif (
+                change.kind == "refresh" and prev is not None and prev.updated_at != rec.updated_at
+            ):
+                # Progress on the server: the stalled clock restarts.
+                self._resolve_chat(prev, why="progress", names=("ChatStalled",))
+            if status_class(rec.status) == "unknown" and rec.status not in self._unknown_statuses:
+                self._unknown_statuses.add(rec.status)
+                log.warning(
+                    "status.unknown",
+                    status=rec.status,
+                    identity=identity,
+                    note="treated as active with the default budget",
+                )
+            self._arm(rec)
+        self._wake.set()
+
+    def _arm(self, rec: ChatRecord) -> None:
+        w = self.watched.get(rec.identity)
+        if w is None:
+            return
+        offset = w.health.server_clock.offset
+        limit = budget(w.budgets, rec.status)
+        key = (rec.identity, rec.chat_id, "status")
+        if key in self._firing_clocks:
+            self.timers.cancel(key)
+        elif limit is not None:
+            self.timers.arm(key, rec.since + limit - offset, rec.version)
+        elif self.chat_failed and rec.status == "error":
+            self.timers.arm(key, rec.since - offset, rec.version)
+        else:
+            self.timers.cancel(key)
+        skey = (rec.identity, rec.chat_id, "stalled")
+        if skey in self._firing_clocks:
+            self.timers.cancel(skey)
+        elif w.budgets.stalled is not None and rec.status == "running" and rec.updated_at:
+            self.timers.arm(
+                skey, rec.updated_at + w.budgets.stalled - offset, int(rec.updated_at * 1000)
+            )
+        else:
+            self.timers.cancel(skey)
+
+    # -- the loop -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Fire due timers, tick identity health; sleeps until the next deadline (≤1 s)."""
+        try:
+            while True:
+                now = time.time()
+                for due in self.timers.pop_due(now):
+                    self._due(due.key)
+                self._health_tick()
+                nxt = self.timers.next_deadline()
+                timeout = 1.0 if nxt is None else max(0.0, min(1.0, nxt - now))
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+        finally:
+            for w in self.watched.values():
+                if w.task:
+                    w.task.cancel()
+
+    def _due(self, key: tuple[str, str, str]) -> None:
+        identity, chat_id, _clock = key
+        w = self.watched.get(identity)
+        if w is None or self.store.get(identity, chat_id) is None:
+            return
+        if not w.health.ready:
+            w.deferred.add(key)
+            self.counters["deferred"] += 1
+            return
+        w.pending[key] = time.time()
+        w.wake.set()
+
+    def _past(self, w: Watched, rec: ChatRecord, clock: str) -> tuple[str, float, float] | None:
+        """(alert name, time in clock, budget) when ``rec`` is past its budget now."""
+        now = w.health.server_clock.now()
+        if clock == "stalled":
+            if rec.status != "running" or w.budgets.stalled is None or rec.updated_at is None:
+                return None
+            age = now - rec.updated_at
+            return ("ChatStalled", age, w.budgets.stalled) if age >= w.budgets.stalled else None
+        limit = budget(w.budgets, rec.status)
+        age = now - rec.since
+        if limit is None:
+            if self.chat_failed and rec.status == "error":
+                return ("ChatFailed", age, 0.0)
+            return None
+        name = alert_name(rec.status)
+        assert name is not None
+        return (name, age, limit) if age >= limit else None
+
+    async def _confirm_loop(self, w: Watched) -> None:
+        interval = 1.0 / self.confirm_rate
+        while True:
+            await w.wake.wait()
+            w.wake.clear()
+            while w.pending:
+                if not w.health.ready:
+                    w.deferred.update(w.pending)
+                    w.pending.clear()
+                    break
+                batch = list(w.pending)
+                w.pending.clear()
+                if len(batch) >= self.listing_threshold:
+                    await self._confirm_by_listing(w, batch)
+                    continue
+                for key in batch:
+                    await self._confirm_one(w, key)
+                    await asyncio.sleep(interval)
+
+    async def _confirm_by_listing(self, w: Watched, batch: list[tuple[str, str, str]]) -> None:
+        self.counters["confirm_listing"] += 1
+        try:
+            await w.confirmer.relist()
+        except (CoderError, PayloadError) as exc:
+            self._confirm_failed(w, batch, exc)
+            return
+        for key in batch:
+            rec = self.store.get(key[0], key[1])
+            if rec is not None:
+                await self._verdict(w, rec, key[2])
+
+    async def _confirm_one(self, w: Watched, key: tuple[str, str, str]) -> None:
+        identity, chat_id, clock = key
+        rec = self.store.get(identity, chat_id)
+        if rec is None or self._past(w, rec, clock) is None:
+            self._rearm(rec)
+            return
+        self.counters["confirm_get"] += 1
+        try:
+            chat = await w.confirmer.get_chat(chat_id)
+        except CoderError as exc:
+            if exc.status == 404:
+                gone = self.store.tombstone(identity, chat_id, reason="gone")
+                if gone is not None:
+                    self.apply(identity, [gone])
+                return
+            self._confirm_failed(w, [key], exc)
+            return
+        except PayloadError as exc:
+            self._confirm_failed(w, [key], exc)
+            return
+        change = self.store.observe(identity, chat, now=w.health.server_clock.now(), via="confirm")
+        if change is not None:
+            self.apply(identity, [change])
+        rec = self.store.get(identity, chat_id)
+        if rec is not None:
+            await self._verdict(w, rec, clock)
+
+    def _confirm_failed(self, w: Watched, keys: list[tuple[str, str, str]], exc: Exception) -> None:
+        """The re-read failed: nothing fires; try again later; the identity says why."""
+        self.counters["confirm_failed"] += 1
+        w.health.last_error = f"confirmation failed: {exc}"
+        log.warning("confirm.failed", identity=w.health.name, error=str(exc), chats=len(keys))
+        retry = time.time() + RETRY_CONFIRM_AFTER
+        for identity, chat_id, clock in keys:
+            rec = self.store.get(identity, chat_id)
+            if rec is not None:
+                version = rec.version if clock == "status" else int((rec.updated_at or 0) * 1000)
+                self.timers.arm((identity, chat_id, clock), retry, version)
+        self._wake.set()
+
+    def _rearm(self, rec: ChatRecord | None) -> None:
+        if rec is not None:
+            self._arm(rec)
+            self._wake.set()
+
+    async def _verdict(self, w: Watched, rec: ChatRecord, clock: str) -> None:
+        past = self._past(w, rec, clock)
+        if past is None:
+            self.counters["unfounded"] += 1
+            self._rearm(rec)
+            return
+        name, age, limit = past
+        since = rec.updated_at if clock == "stalled" and rec.updated_at else rec.since
+        fp = fingerprint(w.health.deployment, rec.chat_id, name, rec.status, since)
+        if fp in self.firing:
+            return
+        try:
+            facts = await w.confirmer.facts(rec)
+        except (CoderError, PayloadError) as exc:
+            log.info(
+                "diagnosis.partial", identity=rec.identity, chat_id=rec.chat_id, error=str(exc)
+            )
+            facts = Facts(record=rec)
+        # The record may have moved while we gathered facts.
+        current = self.store.get(rec.identity, rec.chat_id)
+        if current is None or current.status != rec.status or current.since != rec.since:
+            return
+        alert = self._chat_alert(
+            w, rec, name=name, age=age, limit=limit, since=since, facts=facts, fp=fp, clock=clock
+        )
+        self._fire(alert, identity=rec.identity, chat_id=rec.chat_id)
+
+    def _chat_alert(
+        self,
+        w: Watched,
+        rec: ChatRecord,
+        *,
+        name: str,
+        age: float,
+        limit: float,
+        since: float,
+        facts: Facts,
+        fp: str,
+        clock: str,
+    ) -> Alert:
+        deployment = w.health.deployment
+        labels: dict[str, str] = {}
+        for k, v in rec.labels:
+            labels[f"chat_label_{_LABEL_KEY.sub('_', k)}"] = v
+        labels.update(w.labels)
+        labels.update(
+            {
+                "alertname": name,
+                "identity": rec.identity,
+                "deployment": deployment,
+                "status": rec.status,
+                "severity": SEVERITY[name],
+                "owner": rec.owner,
+                "chat_id": rec.chat_id,
+            }
+        )
+        title = rec.title or "(untitled)"
+        if name == "ChatStalled":
+            summary = (
+                f'Chat "{title}" has made no server-side progress for '
+                f"{format_duration(age)} while running (budget {format_duration(limit)})"
+            )
+            clock_text = "stalled: time since updated_at last moved"
+        elif name == "ChatFailed":
+            summary = f'Chat "{title}" failed'
+            clock_text = CLOCK_TEXT.get(rec.clock, rec.clock)
+        else:
+            summary = (
+                f'Chat "{title}" has been {rec.status} for {format_duration(age)} '
+                f"(budget {format_duration(limit)})"
+            )
+            clock_text = CLOCK_TEXT.get(rec.clock, rec.clock)
+        annotations = {
+            "summary": summary,
+            "title": title,
+            "time_in_status": format_duration(age),
+            "time_in_status_seconds": f"{age:.0f}",
+            "budget": format_duration(limit),
+            "since": iso(since),
+            "clock": rec.clock if clock == "status" else "stalled",
+            "clock_description": clock_text,
+            "link": self.link_template.format(deployment=deployment, chat_id=rec.chat_id),
+            "hint": hint(facts),
+        }
+        if rec.workspace_id:
+            annotations["workspace_id"] = rec.workspace_id
+        if facts.build is not None:
+            annotations["workspace_build"] = facts.build.status + (
+                f" ({facts.build.error_code})" if facts.build.error_code else ""
+            )
+        if facts.quota is not None:
+            annotations["quota"] = (
+                "unlimited"
+                if facts.quota.unlimited
+                else f"{facts.quota.credits_consumed}/{facts.quota.budget}"
+            )
+        if rec.queued_for_capacity:
+            annotations["queued_for_capacity"] = "true"
+        if rec.parent_id:
+            annotations["parent_chat_id"] = rec.parent_id
+        if rec.last_error is not None:
+            e = rec.last_error
+            annotations["last_error"] = (
+                f"{e.message} (kind={e.kind}, provider={e.provider or '-'}, "
+                f"status={e.status_code if e.status_code is not None else '-'}, "
+                f"retryable={'yes' if e.retryable else 'no'})"
+            )
+        return Alert(fingerprint=fp, labels=labels, annotations=annotations, starts_at=time.time())
+
+    # -- identity health ----------------------------------------------------------
+
+    def _health_tick(self) -> None:
+        loop_now = time.monotonic()
+        for name, w in self.watched.items():
+            h = w.health
+            fp = fingerprint(h.deployment, name, "IdentityUnhealthy")
+            if h.ready:
+                if fp in self.firing:
+                    self._resolve(fp, at=time.time(), why="identity recovered")
+                continue
+            if fp in self.firing or h.unhealthy_for(loop_now) < h.unhealthy_after:
+                continue
+            labels = dict(w.labels)
+            labels.update(
+                {
+                    "alertname": "IdentityUnhealthy",
+                    "identity": name,
+                    "deployment": h.deployment,
+                    "severity": "critical",
+                    "status": h.state,
+                }
+            )
+            alert = Alert(
+                fingerprint=fp,
+                labels=labels,
+                starts_at=time.time(),
+                annotations={
+                    "summary": f"Identity {name} cannot watch its chats ({h.state}) for "
+                    f"{format_duration(h.unhealthy_for(loop_now))}",
+                    "last_error": h.last_error or "(none)",
+                    "hint": _identity_hint(h),
+                    "effect": "no ChatStuck verdicts for this identity until it recovers",
+                },
+            )
+            self._fire(alert, identity=name, chat_id=None)
+
+    # -- firing and resolving -----------------------------------------------------
+
+    def _remember(self, alert: Alert) -> None:
+        self.firing[alert.fingerprint] = alert
+        chat = alert.labels.get("chat_id")
+        if chat:
+            identity = alert.labels.get("identity", "")
+            self._by_chat.setdefault((identity, chat), set()).add(alert.fingerprint)
+            clock = "stalled" if alert.name == "ChatStalled" else "status"
+            self._firing_clocks[(identity, chat, clock)] = alert.fingerprint
+
+    def _fire(self, alert: Alert, *, identity: str, chat_id: str | None) -> None:
+        self._remember(alert)
+        if self.db is not None:
+            self.db.save_alert(
+                StoredAlert(
+                    alert.fingerprint,
+                    identity,
+                    chat_id,
+                    dict(alert.labels),
+                    dict(alert.annotations),
+                    alert.starts_at,
+                    alert.ends_at,
+                )
+            )
+        self.counters["fired"] += 1
+        self.history.append(alert)
+        log.warning(
+            "alert.firing",
+            alertname=alert.name,
+            identity=identity,
+            chat_id=chat_id,
+            fingerprint=alert.fingerprint,
+            summary=alert.annotations.get("summary"),
+            clock=alert.annotations.get("clock"),
+        )
+        self.sink.put(alert)
+
+    def _resolve_chat(
+        self, rec: ChatRecord, *, why: str, names: tuple[str, ...] | None = None
+    ) -> None:
+        fps = self._by_chat.get(rec.key)
+        if not fps:
+            return
+        now = time.time()
+        for fp in list(fps):
+            alert = self.firing.get(fp)
+            if alert is None or (names is not None and alert.name not in names):
+                continue
+            self._resolve(fp, at=now, why=why)
+
+    def _resolve(self, fp: str, *, at: float, why: str) -> None:
+        alert = self.firing.pop(fp, None)
+        if alert is None:
+            return
+        chat = alert.labels.get("chat_id")
+        if chat:
+            key = (alert.labels.get("identity", ""), chat)
+            clock = "stalled" if alert.name == "ChatStalled" else "status"
+            if self._firing_clocks.get((*key, clock)) == fp:
+                del self._firing_clocks[(*key, clock)]
+            fps = self._by_chat.get(key)
+            if fps is not None:
+                fps.discard(fp)
+                if not fps:
+                    del self._by_chat[key]
+        resolved = alert.resolved(at)
+        if self.db is not None:
+            self.db.delete_alert(fp)
+        self.counters["resolved"] += 1
+        self.history.append(resolved)
+        log.info(
+            "alert.resolved",
+            alertname=alert.name,
+            identity=alert.labels.get("identity"),
+            chat_id=chat,
+            fingerprint=fp,
+            reason=why,
+        )
+        self.sink.put(resolved)
+
+
+def _identity_hint(h: IdentityHealth) -> str:
+    if h.state == "auth_failed":
+        return (
+            "the token was refused (401/403): rotate it and update the token file; "
+            "watchd re-reads it on retry"
+        )
+    if h.state == "not_found":
+        return "no chats API at this URL under /api/v2 or /api/experimental: check the url"
+    return "Coder is unreachable or failing: check the deployment and the network path"

@@ -1,0 +1,76 @@
+"""Turning what we know about a stuck chat into a hint a person can act on.
+
+Follows the seed README's troubleshooting table. Pure: the facts (chat
+record, workspace build, quota headroom) are gathered by the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from watchd.coder.models import Quota, WorkspaceBuild
+from watchd.store.chats import ChatRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    record: ChatRecord
+    build: WorkspaceBuild | None = None
+    quota: Quota | None = None
+
+
+def hint(facts: Facts) -> str:
+    rec = facts.record
+    if rec.status == "requires_action":
+        return (
+            "a client tool pause is stranded: submit the stranded tool results or "
+            "reconcile the client's ledger first; do not interrupt blindly (the pause may "
+            "be the only record of a committed client-tool effect)"
+        )
+    build = facts.build
+    if build is not None and (
+        build.status in ("pending", "failed") or build.error_code == "INSUFFICIENT_QUOTA"
+    ):
+        quota_note = ""
+        if facts.quota is not None and not facts.quota.unlimited:
+            quota_note = (
+                f" (quota: {facts.quota.credits_consumed}/{facts.quota.budget} credits used)"
+            )
+        if build.error_code == "INSUFFICIENT_QUOTA":
+            return (
+                "workspace cannot be scheduled: its build failed with INSUFFICIENT_QUOTA"
+                f"{quota_note}; reclaim credits by deleting workspaces (stopping only "
+                "frees stop-scoped costs) or raise the group allowance"
+            )
+        return (
+            f"workspace cannot be scheduled: latest build is {build.status}{quota_note}; "
+            "check quota headroom and the provisioners"
+        )
+    if rec.queued_for_capacity:
+        return (
+            "deployment concurrency cap reached: the chat is queued for capacity "
+            "(unlicensed deployments run 5 root + 10 subagent chats at once); finish or "
+            "interrupt other chats, or raise the cap"
+        )
+    if rec.status == "interrupting":
+        return (
+            "interrupt has not completed: the owning runner may be dead; the server "
+            "prioritises interrupting chats on re-acquisition; if it persists, stop the "
+            "workspace"
+        )
+    if rec.status == "pending":
+        return (
+            "chat never got a worker: check chatd workers and the workspace build; "
+            "older servers had 'pending never scheduling' races"
+        )
+    if facts.quota is not None and facts.quota.headroom is not None and facts.quota.headroom <= 0:
+        return (
+            "workspace quota is exhausted "
+            f"({facts.quota.credits_consumed}/{facts.quota.budget} credits): new builds "
+            "will fail; reclaim credits by deleting workspaces"
+        )
+    return (
+        "no progress signal explains it: a genuinely slow turn (raise the budget or "
+        "requestTimeoutMs) or a wedged run (interrupt it; if that fails, stop the "
+        "workspace)"
+    )

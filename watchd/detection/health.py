@@ -1,0 +1,59 @@
+"""Per-identity health: can we trust this identity's view of its chats right now?
+
+The watcher writes it; the detector reads it (no verdicts from stale data)
+and turns a long-unhealthy identity into IdentityUnhealthy; the status page
+and metrics show it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from watchd.clock import ServerClock
+
+STATES = (
+    "starting",
+    "seeding",
+    "ready",
+    "reconnecting",
+    "auth_failed",
+    "unreachable",
+    "not_found",
+    "stopped",
+)
+
+
+@dataclass
+class IdentityHealth:
+    name: str
+    deployment: str
+    server_clock: ServerClock
+    unhealthy_after: float
+    state: str = "starting"
+    ready: bool = False
+    seeded_once: bool = False
+    not_ready_since: float = field(default_factory=time.monotonic)
+    last_error: str = ""
+    last_list_ok: float | None = None  # server time of the last complete listing
+    last_list_chats: int = 0
+    reconnects: int = 0
+    relists: int = 0
+    events: int = 0
+    malformed: int = 0
+    overflow: int = 0
+    prefix: str = ""
+
+    def set_state(self, state: str, *, error: str = "") -> None:
+        was_ready = self.ready
+        self.state = state
+        self.ready = state == "ready"
+        if error:
+            self.last_error = error
+        if was_ready and not self.ready:
+            self.not_ready_since = time.monotonic()
+        if self.ready:
+            self.seeded_once = True
+
+    def unhealthy_for(self, now: float) -> float:
+        return 0.0 if self.ready else now - self.not_ready_since

@@ -1,0 +1,132 @@
+"""``watchd scan``: one listing pass per identity, and what would alert.
+
+Read-only: nothing is sent to receivers and nothing is written. Without the
+daemon's history, every clock is a lower bound from ``updated_at`` (a scan
+can under-report how long a chat has been stuck, never over-report).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from watchd.clock import ServerClock
+from watchd.coder.client import CoderClient
+from watchd.coder.errors import CoderError, PayloadError
+from watchd.coder.transport import Transport
+from watchd.config import Config, ResolvedSecrets, format_duration
+from watchd.detection.budgets import alert_name, budget
+from watchd.detection.diagnosis import Facts, hint
+from watchd.store.chats import ChatStore
+
+# Diagnosis costs up to three requests per chat; past this many stuck chats per
+# identity the scan reports them without a hint rather than hammer Coder.
+DIAGNOSE_LIMIT = 25
+
+
+@dataclass
+class ScanResult:
+    identity: str
+    deployment: str
+    chats: int = 0
+    error: str = ""
+    stuck: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def scan_identity(
+    config: Config, secrets: ResolvedSecrets, name: str, session: aiohttp.ClientSession
+) -> ScanResult:
+    ident = next(i for i in config.identities if i.name == name)
+    result = ScanResult(identity=name, deployment=ident.url)
+    clock = ServerClock()
+    transport = Transport(
+        base_url=ident.url,
+        token=secrets.tokens[name].get_secret_value(),
+        session=session,
+        identity=name,
+        server_clock=clock,
+    )
+    client = CoderClient(transport, attempts=3, deadline=30.0)
+    budgets = config.budgets_for(ident)
+    store = ChatStore()
+    try:
+        chats = await client.list_chats()
+    except (CoderError, PayloadError) as exc:
+        result.error = str(exc)
+        return result
+    result.chats = len(chats)
+    now = clock.now()
+    store.apply_listing(name, chats, now=now, started=now)
+    for rec in store.records(name):
+        limit = budget(budgets, rec.status)
+        age = now - rec.since
+        if limit is None or age < limit:
+            continue
+        entry: dict[str, Any] = {
+            "chat_id": rec.chat_id,
+            "title": rec.title,
+            "status": rec.status,
+            "alertname": alert_name(rec.status),
+            "time_in_status_seconds": round(age),
+            "time_in_status": format_duration(age),
+            "budget": format_duration(limit),
+            "clock": "lower_bound",
+            "owner": rec.owner,
+            "workspace_id": rec.workspace_id,
+            "link": config.chat_link_template.format(deployment=ident.url, chat_id=rec.chat_id),
+        }
+        if len(result.stuck) < DIAGNOSE_LIMIT:
+            try:
+                chat = await client.get_chat(rec.chat_id)
+                store.observe(name, chat, now=clock.now(), via="confirm")
+                fresh = store.get(name, rec.chat_id) or rec
+                build = (
+                    await client.workspace(fresh.workspace_id)
+                    if fresh.workspace_id and fresh.status != "requires_action"
+                    else None
+                )
+                entry["hint"] = hint(Facts(record=fresh, build=build))
+                entry["queued_for_capacity"] = bool(fresh.queued_for_capacity)
+            except (CoderError, PayloadError) as exc:
+                entry["hint"] = f"(diagnosis unavailable: {exc})"
+        result.stuck.append(entry)
+    result.stuck.sort(key=lambda e: -int(e["time_in_status_seconds"]))
+    return result
+
+
+async def scan(config: Config, secrets: ResolvedSecrets) -> list[ScanResult]:
+    async with aiohttp.ClientSession() as session:
+        return list(
+            await asyncio.gather(
+                *(scan_identity(config, secrets, i.name, session) for i in config.identities)
+            )
+        )
+
+
+def exit_code(results: list[ScanResult]) -> int:
+    if any(r.error for r in results):
+        return 2
+    return 1 if any(r.stuck for r in results) else 0
+
+
+def render(results: list[ScanResult]) -> str:
+    lines = [f"watchd scan at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"]
+    for r in results:
+        if r.error:
+            lines.append(f"\n{r.identity} ({r.deployment}): COULD NOT SCAN: {r.error}")
+            continue
+        lines.append(
+            f"\n{r.identity} ({r.deployment}): {r.chats} chats, {len(r.stuck)} past budget"
+        )
+        for s in r.stuck:
+            lines.append(
+                f"  {s['alertname']:<13} {s['status']:<16} {s['time_in_status']:>8} "
+                f"(budget {s['budget']})  {s['title'][:60]!r}  {s['chat_id']}"
+            )
+            if s.get("hint"):
+                lines.append(f"      hint: {s['hint']}")
+    return "\n".join(lines)

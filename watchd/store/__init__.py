@@ -1,0 +1,1 @@
+"""What watchd knows about chats: compact records, and their persistence on disk."""

@@ -1,0 +1,255 @@
+"""The chat store: one compact record per chat, and the rules that move it.
+
+Pure and synchronous. Observations come in three flavours — a watch event,
+a listing row, a confirmation GET — and each either starts a new clock (a
+status transition), refreshes the record, or is ignored as stale (older
+``updated_at`` than we already hold). A listing is also evidence of absence:
+chats it no longer contains are tombstoned.
+
+The clock (``since``) is the server time the chat entered its current
+status. Its ``source`` says how we know:
+
+- ``transition``: seen on the watch stream; ``since`` is the event's ``updated_at``;
+- ``synthesized``: a listing or GET shows a status different from ours, so the
+  transition happened while we were not looking; ``since`` = ``updated_at``,
+  which is ≥ the true entry time (a lower bound on age);
+- ``lower_bound``: first sighting in a listing; same reasoning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import NewType
+
+from watchd.coder.models import Chat, ChatError
+
+Identity = NewType("Identity", str)
+ChatKey = tuple[str, str]  # (identity, chat id)
+
+CLOCK_TRANSITION = "transition"
+CLOCK_SYNTHESIZED = "synthesized"
+CLOCK_LOWER_BOUND = "lower_bound"
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRecord:
+    identity: str
+    chat_id: str
+    status: str
+    since: float  # server epoch seconds the chat entered `status`
+    clock: str  # transition | synthesized | lower_bound
+    updated_at: float | None
+    seen_at: float  # server time of our last observation
+    owner: str = ""
+    title: str = ""
+    workspace_id: str | None = None
+    parent_id: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    last_error: ChatError | None = None
+    queued_for_capacity: bool | None = None
+    version: int = 0  # bumps on every clock change; timers compare it
+
+    @property
+    def key(self) -> ChatKey:
+        return (self.identity, self.chat_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What an observation did to the store."""
+
+    kind: str  # new | transition | refresh | tombstone
+    record: ChatRecord
+    previous: ChatRecord | None
+    reason: str = ""  # for tombstones: archived | vanished | deleted | gone
+
+
+class ChatStore:
+    """Records by identity; bounded by ``capacity`` (overflow counted, never silent)."""
+
+    def __init__(self, *, capacity: int = 1_000_000) -> None:
+        self.capacity = capacity
+        self._by_identity: dict[str, dict[str, ChatRecord]] = {}
+        self.overflow = 0
+        self.stale_ignored = 0
+        self.synthesized = 0
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by_identity.values())
+
+    def get(self, identity: str, chat_id: str) -> ChatRecord | None:
+        return self._by_identity.get(identity, {}).get(chat_id)
+
+    def records(self, identity: str | None = None) -> Iterator[ChatRecord]:
+        if identity is not None:
+            yield from list(self._by_identity.get(identity, {}).values())
+            return
+        for recs in list(self._by_identity.values()):
+            yield from list(recs.values())
+
+    def identities(self) -> list[str]:
+        return list(self._by_identity)
+
+    def load(self, records: Iterable[ChatRecord]) -> int:
+        n = 0
+        for rec in records:
+            self._by_identity.setdefault(rec.identity, {})[rec.chat_id] = rec
+            n += 1
+        return n
+
+    def drop_identity(self, identity: str) -> list[ChatRecord]:
+        return list(self._by_identity.pop(identity, {}).values())
+
+    # -- observations -------------------------------------------------------------
+
+    def observe(
+        self, identity: str, chat: Chat, *, now: float, via: str, kind: str = ""
+    ) -> Change | None:
+        """Apply one observation of ``chat``. ``via`` is watch | listing | confirm.
+
+        Archived chats are tombstoned. Returns None when nothing changed or the
+        observation was stale.
+        """
+        recs = self._by_identity.setdefault(identity, {})
+        old = recs.get(chat.id)
+        if chat.archived:
+            if old is None:
+                return None
+            del recs[chat.id]
+            return Change("tombstone", old, old, reason="archived")
+        if kind == "deleted":
+            if old is None:
+                return None
+            del recs[chat.id]
+            return Change("tombstone", old, old, reason="deleted")
+        if (
+            old is not None
+            and chat.updated_at is not None
+            and old.updated_at is not None
+            and chat.updated_at < old.updated_at
+        ):
+            self.stale_ignored += 1
+            return None
+        if old is None:
+            if len(self) >= self.capacity:
+                self.overflow += 1
+                return None
+            if via == "watch" and kind in ("status_change", "created", "action_required"):
+                clock = CLOCK_TRANSITION
+            else:
+                clock = CLOCK_LOWER_BOUND
+            since = chat.updated_at if chat.updated_at is not None else now
+            rec = self._record(
+                identity, chat, since=min(since, now), clock=clock, now=now, version=1
+            )
+            recs[chat.id] = rec
+            return Change("new", rec, None)
+        if chat.status != old.status:
+            if via == "watch":
+                clock = CLOCK_TRANSITION
+            else:
+                clock = CLOCK_SYNTHESIZED
+                self.synthesized += 1
+            since = chat.updated_at if chat.updated_at is not None else now
+            rec = self._record(
+                identity,
+                chat,
+                since=min(since, now),
+                clock=clock,
+                now=now,
+                version=old.version + 1,
+                previous=old,
+            )
+            recs[chat.id] = rec
+            return Change("transition", rec, old)
+        rec = self._record(
+            identity,
+            chat,
+            since=old.since,
+            clock=old.clock,
+            now=now,
+            version=old.version,
+            previous=old,
+        )
+        recs[chat.id] = rec
+        return Change("refresh", rec, old)
+
+    def tombstone(self, identity: str, chat_id: str, *, reason: str) -> Change | None:
+        old = self._by_identity.get(identity, {}).pop(chat_id, None)
+        if old is None:
+            return None
+        return Change("tombstone", old, old, reason=reason)
+
+    def apply_listing(
+        self, identity: str, chats: Iterable[Chat], *, now: float, started: float
+    ) -> list[Change]:
+        """A complete listing: upsert every row, tombstone what it no longer holds.
+
+        Records observed after the listing ``started`` are spared: an event
+        that arrived mid-listing is newer than the listing's view of absence.
+        """
+        changes: list[Change] = []
+        present: set[str] = set()
+        for chat in chats:
+            present.add(chat.id)
+            change = self.observe(identity, chat, now=now, via="listing")
+            if change is not None:
+                changes.append(change)
+        recs = self._by_identity.get(identity, {})
+        for chat_id in [
+            cid for cid, r in recs.items() if cid not in present and r.seen_at < started
+        ]:
+            gone = self.tombstone(identity, chat_id, reason="vanished")
+            if gone is not None:
+                changes.append(gone)
+        return changes
+
+    @staticmethod
+    def _record(
+        identity: str,
+        chat: Chat,
+        *,
+        since: float,
+        clock: str,
+        now: float,
+        version: int,
+        previous: ChatRecord | None = None,
+    ) -> ChatRecord:
+        # Older eras' watch payloads are minimal: keep what we knew rather than erase it.
+        if previous is not None:
+            return replace(
+                previous,
+                status=chat.status,
+                since=since,
+                clock=clock,
+                updated_at=chat.updated_at if chat.updated_at is not None else previous.updated_at,
+                seen_at=now,
+                owner=chat.owner_username or previous.owner,
+                title=chat.title or previous.title,
+                workspace_id=chat.workspace_id or previous.workspace_id,
+                parent_id=chat.parent_chat_id or previous.parent_id,
+                labels=chat.labels or previous.labels,
+                last_error=chat.last_error if chat.status == "error" else None,
+                queued_for_capacity=chat.queued_for_capacity
+                if chat.queued_for_capacity is not None
+                else previous.queued_for_capacity,
+                version=version,
+            )
+        return ChatRecord(
+            identity=identity,
+            chat_id=chat.id,
+            status=chat.status,
+            since=since,
+            clock=clock,
+            updated_at=chat.updated_at,
+            seen_at=now,
+            owner=chat.owner_username or chat.owner_id,
+            title=chat.title[:200],
+            workspace_id=chat.workspace_id,
+            parent_id=chat.parent_chat_id,
+            labels=chat.labels[:16],
+            last_error=chat.last_error,
+            queued_for_capacity=chat.queued_for_capacity,
+            version=version,
+        )

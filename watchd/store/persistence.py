@@ -1,0 +1,221 @@
+"""watchd's state on disk: one SQLite file (standard library, WAL mode).
+
+Holds each chat's clock, so a restart keeps every chat's time in status,
+and the alerts the detector has fired, so a restart does not fire them
+again. Writes are batched: callers mark records dirty and :meth:`flush`
+commits them in one transaction; alert state is written at once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from watchd.coder.models import ChatError
+from watchd.store.chats import ChatRecord
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS chats (
+  identity TEXT NOT NULL, chat_id TEXT NOT NULL, status TEXT NOT NULL,
+  since REAL NOT NULL, clock TEXT NOT NULL, updated_at REAL, seen_at REAL NOT NULL,
+  owner TEXT, title TEXT, workspace_id TEXT, parent_id TEXT, labels TEXT,
+  last_error TEXT, queued INTEGER, version INTEGER NOT NULL,
+  PRIMARY KEY (identity, chat_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS alerts (
+  fingerprint TEXT PRIMARY KEY, identity TEXT NOT NULL, chat_id TEXT,
+  labels TEXT NOT NULL, annotations TEXT NOT NULL, starts_at REAL NOT NULL,
+  ends_at REAL
+);
+"""
+SCHEMA_VERSION = "1"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAlert:
+    fingerprint: str
+    identity: str
+    chat_id: str | None
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    ends_at: float | None
+
+
+class StateDB:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        self._db.execute(
+            "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,)
+        )
+        self._dirty: dict[tuple[str, str], ChatRecord | None] = {}
+        self.writes = 0
+
+    def close(self) -> None:
+        self.flush()
+        self._db.close()
+
+    # -- chats --------------------------------------------------------------------
+
+    def mark(self, record: ChatRecord) -> None:
+        self._dirty[record.key] = record
+
+    def mark_deleted(self, identity: str, chat_id: str) -> None:
+        self._dirty[(identity, chat_id)] = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._dirty)
+
+    def flush(self) -> int:
+        if not self._dirty:
+            return 0
+        dirty, self._dirty = self._dirty, {}
+        upserts = [_row(r) for r in dirty.values() if r is not None]
+        deletes = [k for k, r in dirty.items() if r is None]
+        with self._tx():
+            if upserts:
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO chats VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", upserts
+                )
+            if deletes:
+                self._db.executemany("DELETE FROM chats WHERE identity=? AND chat_id=?", deletes)
+        self.writes += len(dirty)
+        return len(dirty)
+
+    def load_chats(self) -> list[ChatRecord]:
+        rows = self._db.execute("SELECT * FROM chats").fetchall()
+        return [_record(r) for r in rows]
+
+    def forget_identity(self, identity: str) -> None:
+        with self._tx():
+            self._db.execute("DELETE FROM chats WHERE identity=?", (identity,))
+        self._dirty = {k: v for k, v in self._dirty.items() if k[0] != identity}
+
+    # -- alerts -------------------------------------------------------------------
+
+    def save_alert(self, row: StoredAlert) -> None:
+        with self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO alerts VALUES (?,?,?,?,?,?,?)",
+                (
+                    row.fingerprint,
+                    row.identity,
+                    row.chat_id,
+                    json.dumps(row.labels),
+                    json.dumps(row.annotations),
+                    row.starts_at,
+                    row.ends_at,
+                ),
+            )
+
+    def delete_alert(self, fingerprint: str) -> None:
+        with self._tx():
+            self._db.execute("DELETE FROM alerts WHERE fingerprint=?", (fingerprint,))
+
+    def load_alerts(self) -> list[StoredAlert]:
+        rows = self._db.execute(
+            "SELECT fingerprint, identity, chat_id, labels, annotations, starts_at, ends_at "
+            "FROM alerts"
+        ).fetchall()
+        return [
+            StoredAlert(f, i, c, json.loads(lab), json.loads(ann), s, e)
+            for f, i, c, lab, ann, s, e in rows
+        ]
+
+    # -- plumbing -----------------------------------------------------------------
+
+    def _tx(self) -> _Tx:
+        return _Tx(self._db)
+
+
+class _Tx:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _row(r: ChatRecord) -> tuple[Any, ...]:
+    err = None
+    if r.last_error is not None:
+        e = r.last_error
+        err = json.dumps(
+            {
+                "message": e.message,
+                "detail": e.detail,
+                "kind": e.kind,
+                "provider": e.provider,
+                "retryable": e.retryable,
+                "status_code": e.status_code,
+            }
+        )
+    return (
+        r.identity,
+        r.chat_id,
+        r.status,
+        r.since,
+        r.clock,
+        r.updated_at,
+        r.seen_at,
+        r.owner,
+        r.title,
+        r.workspace_id,
+        r.parent_id,
+        json.dumps(r.labels),
+        err,
+        None if r.queued_for_capacity is None else int(r.queued_for_capacity),
+        r.version,
+    )
+
+
+def _record(row: Iterable[Any]) -> ChatRecord:
+    (
+        identity,
+        chat_id,
+        status,
+        since,
+        clock,
+        updated_at,
+        seen_at,
+        owner,
+        title,
+        ws,
+        parent,
+        labels,
+        err,
+        queued,
+        version,
+    ) = row
+    last_error = ChatError(**json.loads(err)) if err else None
+    return ChatRecord(
+        identity=identity,
+        chat_id=chat_id,
+        status=status,
+        since=since,
+        clock=clock,
+        updated_at=updated_at,
+        seen_at=seen_at,
+        owner=owner or "",
+        title=title or "",
+        workspace_id=ws,
+        parent_id=parent,
+        labels=tuple((str(k), str(v)) for k, v in json.loads(labels or "[]")),
+        last_error=last_error,
+        queued_for_capacity=None if queued is None else bool(queued),
+        version=version,
+    )

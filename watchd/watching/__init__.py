@@ -1,0 +1,1 @@
+"""Per-identity watching: seed from a listing, follow the stream, reconcile."""

@@ -1,0 +1,313 @@
+"""One identity's watcher: three nested loops with one job each.
+
+1. :meth:`IdentityWatcher.watch_forever` reconnects forever with jittered
+   backoff (1 s doubling to 30 s; reset only after a connection stayed
+   healthy, so a server that accepts and drops at once cannot make us spin).
+2. :meth:`IdentityWatcher._session` opens the socket *first*, then lists
+   (so nothing falls between), applies the listing, then the events that
+   arrived meanwhile, and only then marks the identity ready.
+3. The connection itself (:mod:`watchd.coder.watchstream`) with aiohttp's
+   ping/pong heartbeat as its inactivity timer.
+
+A periodic full reconcile runs beside it regardless of the stream, because
+the stream drops events. Auth failures (401/403) slow the retry to
+``auth_retry`` and re-read the token, so a rotated token heals by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from watchd import logs
+from watchd.coder.backoff import Backoff
+from watchd.coder.client import CoderClient
+from watchd.coder.errors import CoderError, PayloadError
+from watchd.coder.models import Chat, Quota, WatchEvent
+from watchd.coder.watchstream import (
+    DEFAULT_HEARTBEAT,
+    ResyncNeeded,
+    StreamClosed,
+    WatchConnection,
+    open_watch,
+)
+from watchd.detection.detector import Detector
+from watchd.detection.diagnosis import Facts
+from watchd.detection.health import IdentityHealth
+from watchd.store.chats import CLOCK_SYNTHESIZED, ChatRecord, ChatStore
+
+log = logs.get("watchd.watching")
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    reconcile_interval: float = 60.0
+    heartbeat: float = DEFAULT_HEARTBEAT
+    backoff_base: float = 1.0
+    backoff_cap: float = 30.0
+    # A connection that lived this long proves the path works: the backoff resets.
+    healthy_after: float = 30.0
+    auth_retry: float = 300.0
+    # Events buffered while a listing runs; past this the stream is dropped and relisted.
+    buffer_limit: int = 20_000
+    quota_ttl: float = 60.0
+
+
+class IdentityWatcher:
+    def __init__(
+        self,
+        *,
+        health: IdentityHealth,
+        client: CoderClient,
+        store: ChatStore,
+        detector: Detector,
+        listing_gate: asyncio.Semaphore,
+        settings: WatchSettings,
+        token_provider: Callable[[], str] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.health = health
+        self.name = health.name
+        self.client = client
+        self.store = store
+        self.detector = detector
+        self.gate = listing_gate
+        self.settings = settings
+        self.token_provider = token_provider
+        self.rng = rng or random.Random()
+        self.attempt = 0
+        self._conn: WatchConnection | None = None
+        self._relist_lock = asyncio.Lock()
+        self._quota: tuple[float, Quota | None] | None = None
+
+    # -- loop 1: reconnect forever ------------------------------------------------
+
+    async def watch_forever(self) -> None:
+        s = self.settings
+        backoff = Backoff(base=s.backoff_base, cap=s.backoff_cap, rng=self.rng)
+        transport = self.client.transport
+        while True:
+            started = time.monotonic()
+            delay: float | None = None
+            try:
+                await self._session()
+            except CoderError as exc:
+                delay = self._on_coder_error(exc)
+            except ResyncNeeded as exc:
+                self._lost("reconnecting", f"resync: {exc}")
+            except StreamClosed as exc:
+                self._lost("reconnecting", str(exc))
+            except PayloadError as exc:
+                self._lost("unreachable", f"unexpected listing payload: {exc}")
+            lived = time.monotonic() - started
+            if lived >= s.healthy_after:
+                backoff.reset()
+            wait = backoff.next()
+            if delay is not None:
+                wait = max(wait, delay)
+            self.health.reconnects += 1
+            transport.emit_ws(
+                "ws:redial",
+                reader=1,
+                attempt=self.attempt,
+                consecutiveFailures=backoff.failures,
+                maxConsecutiveFailures=0,
+                backoffMs=round(wait * 1000),
+            )
+            log.info(
+                "watch.redial",
+                identity=self.name,
+                state=self.health.state,
+                in_seconds=round(wait, 2),
+                lived=round(lived, 2),
+            )
+            await asyncio.sleep(wait)
+            if self.health.state == "auth_failed" and self.token_provider is not None:
+                try:
+                    transport.set_token(self.token_provider())
+                except Exception as exc:
+                    log.warning("token.reread_failed", identity=self.name, error=str(exc))
+
+    def _on_coder_error(self, exc: CoderError) -> float | None:
+        if exc.is_auth:
+            self._lost("auth_failed", str(exc))
+            log.error(
+                "identity.auth_failed",
+                identity=self.name,
+                status=exc.status,
+                meaning=exc.meaning,
+                retry_in=self.settings.auth_retry,
+            )
+            return self.settings.auth_retry
+        if exc.status == 404:
+            self._lost("not_found", str(exc))
+            return None
+        self._lost("unreachable", str(exc))
+        return exc.retry_after
+
+    def _lost(self, state: str, error: str) -> None:
+        self.health.set_state(state, error=error)
+        self.detector.readiness_changed(self.name)
+        log.warning("watch.lost", identity=self.name, state=state, error=error)
+
+    # -- loop 2: one session (socket, then listing, then stream) ------------------
+
+    async def _session(self) -> None:
+        prefix = await self.client.resolve_prefix()
+        self.health.prefix = prefix
+        self.attempt += 1
+        try:
+            conn = await open_watch(
+                self.client.transport,
+                prefix,
+                reader=1,
+                attempt=self.attempt,
+                heartbeat=self.settings.heartbeat,
+            )
+        except CoderError as exc:
+            if exc.status == 404:
+                # The route moved (server upgrade): probe again before the next dial.
+                await self.client.resolve_prefix(force=True)
+            raise
+        self._conn = conn
+        self.health.set_state("seeding")
+        close_code: int | None = None
+        reason = ""
+        try:
+            frames = conn.frames()
+            pending = await self._seed(frames)
+            self.health.set_state("ready")
+            self.detector.readiness_changed(self.name)
+            log.info(
+                "identity.ready",
+                identity=self.name,
+                chats=self.health.last_list_chats,
+                prefix=prefix,
+            )
+            if pending is not None:
+                self._apply(await pending)
+            async for event in frames:
+                self._apply(event)
+            raise StreamClosed(None, "stream ended")
+        except StreamClosed as exc:
+            close_code, reason = exc.code, exc.reason
+            raise
+        finally:
+            self._conn = None
+            await conn.close(code=close_code, reason=reason)
+            self.health.malformed += conn.malformed
+
+    async def _seed(self, frames: AsyncIterator[WatchEvent]) -> asyncio.Task[WatchEvent] | None:
+        """List while reading the socket; apply the listing, then what arrived meanwhile.
+
+        Returns the frame read still in flight when the listing finished, so the
+        caller awaits it instead of cancelling a receive half-way.
+        """
+        listing = asyncio.create_task(self.relist(), name=f"seed:{self.name}")
+        buffered: list[WatchEvent] = []
+        nxt: asyncio.Task[WatchEvent] | None = None
+        try:
+            while not listing.done():
+                if nxt is None:
+                    nxt = asyncio.ensure_future(anext(frames))
+                done, _ = await asyncio.wait({nxt, listing}, return_when=asyncio.FIRST_COMPLETED)
+                if nxt in done:
+                    buffered.append(nxt.result())
+                    nxt = None
+                    if len(buffered) > self.settings.buffer_limit:
+                        self.health.overflow += 1
+                        raise ResyncNeeded("event buffer overflow during listing")
+            listing.result()
+        except BaseException:
+            for task in (listing, nxt):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+            raise
+        for event in buffered:
+            self._apply(event)
+        return nxt
+
+    def _apply(self, event: WatchEvent) -> None:
+        self.health.events += 1
+        change = self.store.observe(
+            self.name, event.chat, now=self.health.server_clock.now(), via="watch", kind=event.kind
+        )
+        if change is not None:
+            self.detector.apply(self.name, (change,))
+
+    # -- reconcile ----------------------------------------------------------------
+
+    async def reconcile_forever(self) -> None:
+        interval = self.settings.reconcile_interval
+        while True:
+            await asyncio.sleep(interval * self.rng.uniform(0.9, 1.1))
+            if not self.health.ready:
+                continue
+            try:
+                await self.relist()
+            except (CoderError, PayloadError) as exc:
+                log.warning("reconcile.failed", identity=self.name, error=str(exc))
+                # The view can't be trusted: drop the stream and let loop 1 re-seed.
+                self.health.last_error = f"reconcile failed: {exc}"
+                conn = self._conn
+                if conn is not None:
+                    await conn.ws.close(code=1000, message=b"reconcile failed")
+
+    async def relist(self) -> None:
+        """A complete listing applied to the store (new, transitions, tombstones)."""
+        async with self._relist_lock:
+            clock = self.health.server_clock
+            async with self.gate:
+                started = clock.now()
+                chats = await self.client.list_chats()
+            now = clock.now()
+            changes = self.store.apply_listing(self.name, chats, now=now, started=started)
+            for change in changes:
+                if change.kind == "transition" and change.record.clock == CLOCK_SYNTHESIZED:
+                    log.info(
+                        "transition.synthesized",
+                        identity=self.name,
+                        chat_id=change.record.chat_id,
+                        **{"from": change.previous.status if change.previous else None},
+                        to=change.record.status,
+                    )
+                elif change.kind == "tombstone":
+                    log.info(
+                        "chat.tombstoned",
+                        identity=self.name,
+                        chat_id=change.record.chat_id,
+                        reason=change.reason,
+                    )
+            self.detector.apply(self.name, changes)
+            self.health.last_list_ok = now
+            self.health.last_list_chats = len(chats)
+            self.health.relists += 1
+
+    # -- Confirmer ----------------------------------------------------------------
+
+    async def get_chat(self, chat_id: str) -> Chat:
+        return await self.client.get_chat(chat_id)
+
+    async def facts(self, record: ChatRecord) -> Facts:
+        build = None
+        if record.workspace_id and record.status != "requires_action":
+            build = await self.client.workspace(record.workspace_id)
+        quota = await self._quota_now()
+        return Facts(record=record, build=build, quota=quota)
+
+    async def _quota_now(self) -> Quota | None:
+        now = time.monotonic()
+        if self._quota is not None and now - self._quota[0] < self.settings.quota_ttl:
+            return self._quota[1]
+        quota = None
+        me = await self.client.me()
+        if me.organization_ids:
+            quota = await self.client.workspace_quota(me.organization_ids[0], "me")
+        self._quota = (now, quota)
+        return quota
