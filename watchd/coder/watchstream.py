@@ -50,7 +50,11 @@ class WatchConnection:
     async def frames(self) -> AsyncIterator[WatchEvent]:
         """Decoded events until the connection ends (raises StreamClosed / ResyncNeeded)."""
         while True:
-            msg = await self.ws.receive()
+            try:
+                msg = await self.ws.receive()
+            except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
+                # e.g. answering a ping on a transport the server is already closing
+                raise StreamClosed(1006, f"{type(exc).__name__}: {exc}") from None
             if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
                 try:
                     event = parse_watch_frame(msg.data)

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from watchd import logs
 from watchd.alerting.model import Alert, AlertSink, fingerprint
+from watchd.clock import SystemClock, WallClock
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import Chat
 from watchd.config import Budgets, format_duration
@@ -95,7 +96,9 @@ class Detector:
         listing_threshold: int = 20,
         chat_failed: bool = False,
         link_template: str = "{deployment}/agents/{chat_id}",
+        wall: WallClock | None = None,
     ) -> None:
+        self.wall: WallClock = wall or SystemClock()
         self.store = store
         self.sink = sink
         self.db = db
@@ -157,7 +160,7 @@ class Detector:
             w.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await w.task
-        now = time.time()
+        now = self.wall.now()
         for fp, alert in list(self.firing.items()):
             if alert.labels.get("identity") == name:
                 self._resolve(fp, at=now, why=reason)
@@ -242,7 +245,7 @@ class Detector:
         """Fire due timers, tick identity health; sleeps until the next deadline (≤1 s)."""
         try:
             while True:
-                now = time.time()
+                now = self.wall.now()
                 for due in self.timers.pop_due(now):
                     self._due(due.key)
                 self._health_tick()
@@ -256,16 +259,20 @@ class Detector:
                 if w.task:
                     w.task.cancel()
 
+    def wake(self) -> None:
+        """Re-evaluate deadlines now (after a clock adjustment, or from tests)."""
+        self._wake.set()
+
     def _due(self, key: tuple[str, str, str]) -> None:
         identity, chat_id, _clock = key
         w = self.watched.get(identity)
-        if w is None or self.store.get(identity, chat_id) is None:
+        if w is None or key in self._firing_clocks or self.store.get(identity, chat_id) is None:
             return
         if not w.health.ready:
             w.deferred.add(key)
             self.counters["deferred"] += 1
             return
-        w.pending[key] = time.time()
+        w.pending[key] = self.wall.now()
         w.wake.set()
 
     def _past(self, w: Watched, rec: ChatRecord, clock: str) -> tuple[str, float, float] | None:
@@ -349,7 +356,7 @@ class Detector:
         self.counters["confirm_failed"] += 1
         w.health.last_error = f"confirmation failed: {exc}"
         log.warning("confirm.failed", identity=w.health.name, error=str(exc), chats=len(keys))
-        retry = time.time() + RETRY_CONFIRM_AFTER
+        retry = self.wall.now() + RETRY_CONFIRM_AFTER
         for identity, chat_id, clock in keys:
             rec = self.store.get(identity, chat_id)
             if rec is not None:
@@ -469,7 +476,9 @@ class Detector:
                 f"status={e.status_code if e.status_code is not None else '-'}, "
                 f"retryable={'yes' if e.retryable else 'no'})"
             )
-        return Alert(fingerprint=fp, labels=labels, annotations=annotations, starts_at=time.time())
+        return Alert(
+            fingerprint=fp, labels=labels, annotations=annotations, starts_at=self.wall.now()
+        )
 
     # -- identity health ----------------------------------------------------------
 
@@ -480,7 +489,7 @@ class Detector:
             fp = fingerprint(h.deployment, name, "IdentityUnhealthy")
             if h.ready:
                 if fp in self.firing:
-                    self._resolve(fp, at=time.time(), why="identity recovered")
+                    self._resolve(fp, at=self.wall.now(), why="identity recovered")
                 continue
             if fp in self.firing or h.unhealthy_for(loop_now) < h.unhealthy_after:
                 continue
@@ -497,7 +506,7 @@ class Detector:
             alert = Alert(
                 fingerprint=fp,
                 labels=labels,
-                starts_at=time.time(),
+                starts_at=self.wall.now(),
                 annotations={
                     "summary": f"Identity {name} cannot watch its chats ({h.state}) for "
                     f"{format_duration(h.unhealthy_for(loop_now))}",
@@ -518,6 +527,7 @@ class Detector:
             self._by_chat.setdefault((identity, chat), set()).add(alert.fingerprint)
             clock = "stalled" if alert.name == "ChatStalled" else "status"
             self._firing_clocks[(identity, chat, clock)] = alert.fingerprint
+            self.timers.cancel((identity, chat, clock))
 
     def _fire(self, alert: Alert, *, identity: str, chat_id: str | None) -> None:
         self._remember(alert)
@@ -552,7 +562,7 @@ class Detector:
         fps = self._by_chat.get(rec.key)
         if not fps:
             return
-        now = time.time()
+        now = self.wall.now()
         for fp in list(fps):
             alert = self.firing.get(fp)
             if alert is None or (names is not None and alert.name not in names):

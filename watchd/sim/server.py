@@ -498,6 +498,7 @@ class SimServer:
             async for msg in ws:
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     # The server calls CloseRead: any data frame is a policy violation.
+                    state.client_data_frames += 1
                     await ws.close(code=1008, message=b"unexpected data frame")
                     break
         finally:
@@ -615,6 +616,7 @@ class SimServer:
                     }
                     for c in s.chats.values()
                 ],
+                "client_data_frames": s.client_data_frames,
                 "published": s.published,
                 "lost": s.lost,
                 "requests": s.requests,

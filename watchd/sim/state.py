@@ -157,6 +157,7 @@ class SimState:
         self.lost = 0
         self.oversize = 0
         self.requests = 0
+        self.client_data_frames = 0
         self._rate: dict[tuple[str, str], tuple[float, int]] = {}
         self._message_ids = 1000
         self.drop_watch_requests: asyncio.Queue[int] | None = None

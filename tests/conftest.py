@@ -1,0 +1,58 @@
+"""Shared fixtures: an in-process simulator, and a guard that no test leaks a task."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import pytest
+
+from watchd.sim.server import SimServer
+from watchd.sim.state import SimState
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_tasks() -> Iterator[None]:
+    """Fail a test that leaves tasks running on its loop."""
+    yield
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    leaked = [
+        t for t in asyncio.all_tasks(loop) if t is not asyncio.current_task() and not t.done()
+    ]
+    assert not leaked, f"leaked tasks: {[t.get_name() for t in leaked]}"
+
+
+class Sim:
+    def __init__(self, state: SimState, server: SimServer) -> None:
+        self.state = state
+        self.server = server
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+@pytest.fixture
+def era() -> str:
+    return "E"
+
+
+@pytest.fixture
+async def sim(era: str) -> AsyncIterator[Sim]:
+    state = SimState(era=era, seed=3, ping_interval=15.0)
+    server = SimServer(state, tick_interval=0.05)
+    await server.start()
+    try:
+        yield Sim(state, server)
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s

@@ -1,0 +1,70 @@
+"""Backoff policy, retry hints, and the server-clock estimate."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from watchd.clock import ServerClock
+from watchd.coder.backoff import Backoff, retry_hint
+
+
+def test_backoff_doubles_to_the_cap_and_resets() -> None:
+    """Without jitter: 1, 2, 4, 8, 16, 30, 30; reset starts again at 1."""
+    b = Backoff(base=1.0, cap=30.0, jitter=0.0)
+    assert [b.next() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    b.reset()
+    assert b.next() == 1
+
+
+def test_backoff_jitter_stays_within_its_band() -> None:
+    """Jittered delays stay within ±20% of the nominal step."""
+    b = Backoff(base=1.0, cap=30.0, jitter=0.2, rng=random.Random(5))
+    for nominal in (1, 2, 4, 8, 16, 30, 30, 30):
+        assert nominal * 0.8 <= b.next() <= nominal * 1.2
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"Retry-After": "7"}, 7.0),
+        ({"retry-after-ms": "1500"}, 1.5),
+        ({"Retry-After": "Thu, 01 Jan 2026 00:01:00 GMT"}, 60.0),
+        ({"X-RateLimit-Reset": "1767225630"}, 30.0),
+        ({"Retry-After": "garbage"}, None),
+        ({}, None),
+    ],
+)
+def test_retry_hints(headers: dict[str, str], expected: float | None) -> None:
+    """Retry-After (seconds or HTTP-date), retry-after-ms and X-RateLimit-Reset, on server time."""
+    server_now = 1767225600.0  # 2026-01-01T00:00:00Z
+    assert retry_hint(headers, server_now=server_now) == expected
+
+
+class FakeWall:
+    def __init__(self, now: float) -> None:
+        self.t = now
+
+    def now(self) -> float:
+        return self.t
+
+
+def test_server_clock_learns_skew_from_date_headers() -> None:
+    """A host 10 minutes behind the server still reads the server's time."""
+    wall = FakeWall(1767225600.0)
+    clock = ServerClock(wall)
+    for i in range(5):
+        wall.t = 1767225600.0 + i
+        server = wall.t + 600
+        date = __import__("email.utils").utils.formatdate(int(server), usegmt=True)
+        clock.observe(date, sent_at=wall.t, received_at=wall.t)
+    assert clock.now() - wall.now() == pytest.approx(600, abs=1.0)
+
+
+def test_server_clock_ignores_garbage_dates() -> None:
+    """A missing or unparseable Date leaves the estimate untouched."""
+    clock = ServerClock(FakeWall(100.0))
+    clock.observe(None, sent_at=100, received_at=100)
+    clock.observe("not a date", sent_at=100, received_at=100)
+    assert not clock.synced and clock.now() == 100.0

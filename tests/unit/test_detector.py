@@ -1,0 +1,383 @@
+"""The stuck detector: budgets on the server clock, confirmation, readiness, resolves."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+
+from watchd.alerting.model import Alert
+from watchd.clock import ServerClock
+from watchd.coder.errors import CoderError
+from watchd.coder.models import Chat, ChatId
+from watchd.config import Budgets
+from watchd.detection.detector import Detector
+from watchd.detection.diagnosis import Facts
+from watchd.detection.health import IdentityHealth
+from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.persistence import StateDB
+
+
+class Wall:
+    """A host clock that tests can set; the server clock is this plus a skew."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def now(self) -> float:
+        return self.t
+
+
+@dataclass
+class Server:
+    """What the Coder server holds: the truth the confirmer reads."""
+
+    chats: dict[str, Chat] = field(default_factory=dict)
+    fail: bool = False
+    gets: int = 0
+    lists: int = 0
+
+
+class FakeConfirmer:
+    def __init__(
+        self, server: Server, store: ChatStore, det: Detector, name: str, clock: ServerClock
+    ) -> None:
+        self.server, self.store, self.det, self.name, self.clock = server, store, det, name, clock
+
+    async def get_chat(self, chat_id: str) -> Chat:
+        self.server.gets += 1
+        if self.server.fail:
+            raise CoderError(status=503, message="down")
+        if chat_id not in self.server.chats:
+            raise CoderError(status=404, message="Resource not found")
+        return self.server.chats[chat_id]
+
+    async def relist(self) -> None:
+        self.server.lists += 1
+        now = self.clock.now()
+        self.det.apply(
+            self.name,
+            self.store.apply_listing(
+                self.name, list(self.server.chats.values()), now=now, started=now
+            ),
+        )
+
+    async def facts(self, record: ChatRecord) -> Facts:
+        return Facts(record=record)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.alerts: list[Alert] = []
+
+    def put(self, alert: Alert) -> None:
+        self.alerts.append(alert)
+
+    def names(self) -> list[tuple[str, str]]:
+        return [(a.name, a.status) for a in self.alerts]
+
+
+@dataclass
+class Rig:
+    det: Detector
+    store: ChatStore
+    sink: Sink
+    server: Server
+    health: IdentityHealth
+    wall: Wall
+    clock: ServerClock
+
+    def see(
+        self,
+        cid: str,
+        status: str,
+        updated: float,
+        *,
+        via: str = "watch",
+        kind: str = "status_change",
+        **kw: object,
+    ) -> None:
+        chat = Chat(id=ChatId(cid), status=status, updated_at=updated, title=f"chat {cid}", **kw)  # type: ignore[arg-type]
+        self.server.chats[cid] = chat
+        change = self.store.observe("a", chat, now=self.clock.now(), via=via, kind=kind)
+        if change:
+            self.det.apply("a", [change])
+
+    def advance(self, seconds: float) -> None:
+        self.wall.t += seconds
+        self.det.wake()
+
+    def ready(self, ok: bool = True) -> None:
+        self.health.set_state("ready" if ok else "reconnecting")
+        self.det.readiness_changed("a")
+
+    async def settle(self) -> None:
+        for _ in range(20):
+            await asyncio.sleep(0.02)
+
+
+SKEW = -600.0  # the server's clock is ten minutes behind the host's
+
+
+@contextlib.asynccontextmanager
+async def rig(
+    budgets: Budgets,
+    *,
+    db: StateDB | None = None,
+    chat_failed: bool = False,
+    unhealthy_after: float = 3600.0,
+    crash: bool = False,
+) -> AsyncIterator[Rig]:
+    wall = Wall(1_800_000_000.0)
+    clock = ServerClock(wall)
+    clock.offset = SKEW
+    store = ChatStore()
+    if db is not None:
+        store.load(db.load_chats())
+    sink = Sink()
+    det = Detector(
+        store=store,
+        sink=sink,
+        db=db,
+        confirm_rate=50.0,
+        listing_threshold=5,
+        chat_failed=chat_failed,
+        wall=wall,
+    )
+    health = IdentityHealth(
+        name="a",
+        deployment="https://coder.test",
+        server_clock=clock,
+        unhealthy_after=unhealthy_after,
+    )
+    server = Server()
+    det.register(
+        health,
+        confirmer=FakeConfirmer(server, store, det, "a", clock),
+        budgets=budgets,
+        labels={"team": "x"},
+    )
+    task = asyncio.create_task(det.run())
+    try:
+        yield Rig(det, store, sink, server, health, wall, clock)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if crash:
+            # A crash resolves nothing: only the confirm task goes away with the process.
+            confirm = det.watched["a"].task
+            assert confirm is not None
+            with contextlib.suppress(asyncio.CancelledError):
+                await confirm
+        else:
+            await det.unregister("a", reason="test over")
+
+
+async def test_fires_only_after_the_budget_on_the_server_clock() -> None:
+    """A running chat fires ChatStuck once its server-side age passes the budget, not before."""
+    async with rig(Budgets(running=300)) as r:
+        r.ready()
+        server_now = r.clock.now()
+        r.see("c1", "running", server_now - 200)
+        await r.settle()
+        assert r.sink.alerts == []
+        r.advance(101)
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")]
+        a = r.sink.alerts[0]
+        assert a.labels["status"] == "running" and a.labels["team"] == "x"
+        assert a.annotations["clock"] == "transition"
+        assert r.server.gets == 1
+
+
+async def test_host_clock_skew_changes_no_verdict() -> None:
+    """With the server ten minutes behind the host, a fresh chat is not judged ten minutes old."""
+    async with rig(Budgets(running=300)) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 10)
+        await r.settle()
+        assert r.sink.alerts == []
+
+
+async def test_requires_action_is_stranded_and_unknown_uses_default() -> None:
+    """requires_action raises ChatStranded; an unknown status uses the default budget."""
+    async with rig(Budgets(requires_action=60, default=120, running=10_000)) as r:
+        r.ready()
+        now = r.clock.now()
+        r.see("c1", "requires_action", now - 61)
+        r.see("c2", "hibernating", now - 100)
+        await r.settle()
+        assert r.sink.names() == [("ChatStranded", "firing")]
+        assert "stranded" in r.sink.alerts[0].annotations["hint"]
+        r.advance(21)
+        await r.settle()
+        assert r.sink.names()[-1] == ("ChatStuck", "firing")
+        assert r.sink.alerts[-1].labels["status"] == "hibernating"
+
+
+async def test_idle_statuses_never_fire() -> None:
+    """waiting, completed, paused and error chats are never stuck."""
+    async with rig(Budgets(default=1)) as r:
+        r.ready()
+        for i, st in enumerate(["waiting", "completed", "paused", "error"]):
+            r.see(f"c{i}", st, r.clock.now() - 10_000)
+        await r.settle()
+        assert r.sink.alerts == []
+
+
+async def test_no_verdict_while_unready_then_fires_after_seed() -> None:
+    """Due chats of an unready identity wait; they fire once it is ready again."""
+    async with rig(Budgets(running=60)) as r:
+        r.see("c1", "running", r.clock.now() - 120)
+        await r.settle()
+        assert r.sink.alerts == [] and r.server.gets == 0
+        r.ready()
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")]
+
+
+async def test_confirmation_that_shows_progress_does_not_fire() -> None:
+    """If the GET shows the chat moved on, nothing fires and the new status is tracked."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 120)
+        r.server.chats["c1"] = replace(
+            r.server.chats["c1"], status="waiting", updated_at=r.clock.now()
+        )
+        await r.settle()
+        assert r.sink.alerts == []
+        rec = r.store.get("a", "c1")
+        assert rec is not None and rec.status == "waiting" and rec.clock == "synthesized"
+
+
+async def test_failed_confirmation_fires_nothing() -> None:
+    """When the re-read fails, nothing fires and the identity says why."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.server.fail = True
+        r.see("c1", "running", r.clock.now() - 120)
+        await r.settle()
+        assert r.sink.alerts == []
+        assert "confirmation failed" in r.health.last_error
+
+
+async def test_gone_chat_is_tombstoned_on_confirmation() -> None:
+    """A 404 on the confirmation GET drops the chat instead of firing."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 120)
+        del r.server.chats["c1"]
+        await r.settle()
+        assert r.sink.alerts == [] and r.store.get("a", "c1") is None
+
+
+async def test_many_due_confirm_with_one_listing() -> None:
+    """Past the threshold, due chats are confirmed by one listing, not one GET each."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.health.set_state("seeding")
+        for i in range(12):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        await r.settle()
+        r.ready()
+        await r.settle()
+        assert len(r.sink.alerts) == 12
+        assert r.server.lists == 1 and r.server.gets == 0
+
+
+async def test_resolves_when_the_chat_moves_on_and_never_refires() -> None:
+    """Leaving the status resolves the alert; re-reads of a firing chat do not re-fire it."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 120)
+        await r.settle()
+        r.see("c1", "running", r.clock.now() - 119, via="listing")  # a reconcile refresh
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")]
+        r.see("c1", "waiting", r.clock.now())
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing"), ("ChatStuck", "resolved")]
+        assert r.det.firing == {}
+
+
+async def test_archived_chat_resolves() -> None:
+    """An archived chat's alert resolves."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 120)
+        await r.settle()
+        r.see("c1", "running", r.clock.now(), via="listing", archived=True)
+        await r.settle()
+        assert r.sink.names()[-1] == ("ChatStuck", "resolved")
+
+
+async def test_fingerprint_is_deterministic() -> None:
+    """Two detectors seeing the same chat compute the same fingerprint."""
+    prints = []
+    for _ in range(2):
+        async with rig(Budgets(running=60)) as r:
+            r.ready()
+            r.see("c1", "running", 1_799_999_000.0)
+            await r.settle()
+            prints.append(r.sink.alerts[0].fingerprint)
+    assert prints[0] == prints[1]
+
+
+async def test_restart_keeps_clock_and_does_not_refire(tmp_path: Path) -> None:
+    """Clocks and firing alerts persisted in SQLite survive a restart without a second page."""
+    db = StateDB(tmp_path / "state.sqlite3")
+    async with rig(Budgets(running=60), db=db, crash=True) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 120)
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")]
+        since = r.store.get("a", "c1").since  # type: ignore[union-attr]
+        db.flush()
+    db.close()
+    db2 = StateDB(tmp_path / "state.sqlite3")
+    async with rig(Budgets(running=60), db=db2, crash=True) as r2:
+        rec = r2.store.get("a", "c1")
+        assert rec is not None and rec.since == since and rec.clock == "transition"
+        r2.ready()
+        await r2.settle()
+        assert r2.sink.alerts == [] and len(r2.det.firing) == 1
+    db2.close()
+
+
+async def test_identity_unhealthy_fires_and_resolves() -> None:
+    """An identity unready past its grace raises IdentityUnhealthy, resolved on recovery."""
+    async with rig(Budgets(), unhealthy_after=0.05) as r:
+        r.health.set_state("auth_failed", error="HTTP 401")
+        await asyncio.sleep(1.2)
+        assert r.sink.names() == [("IdentityUnhealthy", "firing")]
+        assert r.sink.alerts[0].labels["severity"] == "critical"
+        r.ready()
+        await asyncio.sleep(1.2)
+        assert r.sink.names()[-1] == ("IdentityUnhealthy", "resolved")
+
+
+async def test_stalled_clock_fires_and_resets_on_progress() -> None:
+    """With a stalled budget, a running chat whose updated_at stops moving raises ChatStalled."""
+    async with rig(Budgets(running=10_000, stalled=60)) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 61)
+        await r.settle()
+        assert r.sink.names() == [("ChatStalled", "firing")]
+        r.see("c1", "running", r.clock.now(), via="listing")
+        await r.settle()
+        assert r.sink.names()[-1] == ("ChatStalled", "resolved")
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_chat_failed_is_opt_in(enabled: bool) -> None:
+    """error chats raise ChatFailed only when detection.chat_failed is on."""
+    async with rig(Budgets(), chat_failed=enabled) as r:
+        r.ready()
+        r.see("c1", "error", r.clock.now())
+        await r.settle()
+        assert r.sink.names() == ([("ChatFailed", "firing")] if enabled else [])

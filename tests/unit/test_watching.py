@@ -1,0 +1,271 @@
+"""The watch stream and the per-identity watcher against the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+
+from tests.conftest import Sim
+from watchd.alerting.model import Alert
+from watchd.clock import ServerClock
+from watchd.coder.client import CoderClient
+from watchd.coder.errors import CoderError
+from watchd.coder.transport import RateLimiter, Transport
+from watchd.coder.watchstream import ResyncNeeded, open_watch
+from watchd.config import Budgets
+from watchd.detection.detector import Detector
+from watchd.detection.health import IdentityHealth
+from watchd.sim.state import SimUser
+from watchd.store.chats import ChatStore
+from watchd.telemetry.events import RecordingSink
+from watchd.watching.watcher import IdentityWatcher, WatchSettings
+
+FAST = WatchSettings(
+    reconcile_interval=3600,
+    heartbeat=2.0,
+    backoff_base=0.05,
+    backoff_cap=0.4,
+    healthy_after=5.0,
+    auth_retry=0.3,
+)
+
+
+async def eventually(cond: object, within: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while not cond():  # type: ignore[operator]
+        if loop.time() > end:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+def transport(
+    sim: Sim, user: SimUser, session: aiohttp.ClientSession, events: RecordingSink | None = None
+) -> Transport:
+    return Transport(
+        base_url=sim.url,
+        token=user.token,
+        session=session,
+        identity=user.username,
+        events=events,
+        limiter=RateLimiter(rate=1000, burst=1000),
+        server_clock=ServerClock(),
+    )
+
+
+@pytest.mark.parametrize("era", ["A", "C", "E"])
+async def test_frames_decode_in_every_era(sim: Sim, session: aiohttp.ClientSession) -> None:
+    """Events arrive decoded whatever the era's framing; era A's JSON pings are skipped."""
+    sim.state.ping_interval = 0.3
+    alice = sim.state.add_user("alice")
+    t = transport(sim, alice, session)
+    prefix = await CoderClient(t).resolve_prefix()
+    conn = await open_watch(t, prefix, reader=1, attempt=1)
+    frames = conn.frames()
+    # Keep reading (as the watcher does) so protocol pings are answered.
+    first_task = asyncio.ensure_future(anext(frames))
+    await asyncio.sleep(0.7)
+    chat = sim.state.add_chat(alice, status="running")
+    sim.state.set_status(chat.id, "waiting")
+    first = await asyncio.wait_for(first_task, 2)
+    second = await asyncio.wait_for(anext(frames), 2)
+    assert (first.kind, second.kind, second.chat.status) == ("created", "status_change", "waiting")
+    if sim.state.era.envelope:
+        assert conn.pings >= 1
+    await frames.aclose()
+    await conn.close()
+
+
+async def test_malformed_frame_asks_for_resync(sim: Sim, session: aiohttp.ClientSession) -> None:
+    """A frame that cannot be decoded raises ResyncNeeded instead of crashing."""
+    alice = sim.state.add_user("alice")
+    t = transport(sim, alice, session)
+    conn = await open_watch(t, "/api/v2", reader=1, attempt=1)
+    sim.state.faults.malformed_next = 1
+    sim.state.add_chat(alice)
+    with pytest.raises(ResyncNeeded):
+        await asyncio.wait_for(anext(conn.frames()), 2)
+    await conn.close()
+
+
+async def test_upgrade_refusals_carry_the_status(sim: Sim, session: aiohttp.ClientSession) -> None:
+    """A bad token gets HTTP 401 on the upgrade; a missing route 404."""
+    alice = sim.state.add_user("alice")
+    sim.state.revoke("alice")
+    with pytest.raises(CoderError) as err:
+        await open_watch(transport(sim, alice, session), "/api/v2", reader=1, attempt=1)
+    assert err.value.status == 401
+    bob = sim.state.add_user("bob")
+    with pytest.raises(CoderError) as err:
+        await open_watch(transport(sim, bob, session), "/api/experimental", reader=1, attempt=1)
+    assert err.value.status == 404
+
+
+async def test_protocol_pings_keep_a_quiet_socket_alive(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """With server pings every 200 ms, the quiet socket survives and we never send data."""
+    sim.state.ping_interval = 0.2
+    alice = sim.state.add_user("alice")
+    conn = await open_watch(transport(sim, alice, session), "/api/v2", reader=1, attempt=1)
+    reading = asyncio.ensure_future(anext(conn.frames()))
+    await asyncio.sleep(1.0)
+    assert not conn.ws.closed and not reading.done()
+    reading.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reading
+    await conn.close()
+    assert sim.state.client_data_frames == 0
+
+
+@dataclass
+class Rig:
+    watcher: IdentityWatcher
+    health: IdentityHealth
+    store: ChatStore
+    events: RecordingSink
+    alerts: list[Alert]
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    sim: Sim, user: SimUser, session: aiohttp.ClientSession, settings: WatchSettings = FAST
+) -> AsyncIterator[Rig]:
+    events = RecordingSink()
+    t = transport(sim, user, session, events)
+    store = ChatStore()
+    alerts: list[Alert] = []
+
+    class Sink:
+        def put(self, alert: Alert) -> None:
+            alerts.append(alert)
+
+    det = Detector(store=store, sink=Sink(), confirm_rate=50)
+    health = IdentityHealth(
+        name=user.username, deployment=sim.url, server_clock=t.server_clock, unhealthy_after=60
+    )
+    w = IdentityWatcher(
+        health=health,
+        client=CoderClient(t),
+        store=store,
+        detector=det,
+        listing_gate=asyncio.Semaphore(2),
+        settings=settings,
+        token_provider=lambda: user.token,
+        rng=random.Random(2),
+    )
+    det.register(health, confirmer=w, budgets=Budgets(running=3600), labels={})
+    tasks = [asyncio.create_task(w.watch_forever()), asyncio.create_task(det.run())]
+    try:
+        yield Rig(w, health, store, events, alerts)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await det.unregister(user.username, reason="test over")
+
+
+async def test_seed_then_stream(sim: Sim, session: aiohttp.ClientSession) -> None:
+    """The watcher seeds from a listing, becomes ready, then applies stream events."""
+    alice = sim.state.add_user("alice")
+    chat = sim.state.add_chat(alice, status="running")
+    async with watching(sim, alice, session) as r:
+        await eventually(lambda: r.health.ready)
+        assert r.store.get("alice", chat.id) is not None
+        sim.state.set_status(chat.id, "waiting")
+        await eventually(lambda: r.store.get("alice", chat.id).status == "waiting")  # type: ignore[union-attr]
+        assert r.store.get("alice", chat.id).clock == "transition"  # type: ignore[union-attr]
+        types = [e["type"] for _, e in r.events.events]
+        listing = next(
+            i
+            for i, (_, e) in enumerate(r.events.events)
+            if e["type"] == "http:request" and "limit=100" in e["path"]
+        )
+        assert types.index("ws:open") < listing, "the socket opens before the seed listing"
+
+
+async def test_events_during_listing_are_buffered(sim: Sim, session: aiohttp.ClientSession) -> None:
+    """A transition published while the seed listing is in flight is applied after it."""
+    alice = sim.state.add_user("alice")
+    chat = sim.state.add_chat(alice, status="running")
+    await CoderClient(transport(sim, alice, session)).resolve_prefix()
+    sim.state.faults.latency = 0.4
+    async with watching(sim, alice, session) as r:
+        await eventually(lambda: r.health.state == "seeding")
+        await asyncio.sleep(0.05)
+        # The listing will show `running` (it was answered before), the stream `waiting`.
+        sim.state.set_status(chat.id, "waiting")
+        late = sim.state.add_chat(alice, status="running")
+        await eventually(lambda: r.health.ready)
+        sim.state.faults.latency = 0
+        await eventually(lambda: r.store.get("alice", chat.id).status == "waiting")  # type: ignore[union-attr]
+        assert r.store.get("alice", late.id) is not None
+
+
+async def test_reconnect_after_drop_reseeds(sim: Sim, session: aiohttp.ClientSession) -> None:
+    """A dropped socket is redialed and the identity reseeded, catching missed changes."""
+    alice = sim.state.add_user("alice")
+    chat = sim.state.add_chat(alice, status="running")
+    async with watching(sim, alice, session) as r:
+        await eventually(lambda: r.health.ready)
+        relists = r.health.relists
+        sim.state.drop_watch(code=1006)
+        sim.state.set_status(chat.id, "waiting", silent=True)
+        await eventually(lambda: r.health.relists > relists and r.health.ready)
+        assert r.store.get("alice", chat.id).status == "waiting"  # type: ignore[union-attr]
+        assert r.store.get("alice", chat.id).clock == "synthesized"  # type: ignore[union-attr]
+        assert r.health.reconnects >= 1
+
+
+async def test_redial_backoff_grows_while_the_server_is_down(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """While the watch upgrade fails, redials back off exponentially to the cap, then recover."""
+    alice = sim.state.add_user("alice")
+    sim.state.faults.subscribe_fail = True
+    async with watching(sim, alice, session) as r:
+        await eventually(lambda: len(r.events.of_type("ws:redial")) >= 6, within=8)
+        assert r.health.state == "unreachable" and "500" in r.health.last_error
+        sim.state.faults.subscribe_fail = False
+        await eventually(lambda: r.health.ready, within=8)
+        delays = [e["backoffMs"] for e in r.events.of_type("ws:redial")]
+        assert len(delays) >= 4
+        nominal = [min(400, 50 * 2**i) for i in range(len(delays))]
+        for got, want in zip(delays, nominal, strict=True):
+            assert want * 0.79 <= got <= want * 1.21
+
+
+async def test_malformed_frame_triggers_relist(sim: Sim, session: aiohttp.ClientSession) -> None:
+    """After a garbage frame the watcher drops the socket, relists and is ready again."""
+    alice = sim.state.add_user("alice")
+    async with watching(sim, alice, session) as r:
+        await eventually(lambda: r.health.ready)
+        relists = r.health.relists
+        sim.state.faults.malformed_next = 1
+        sim.state.add_chat(alice)
+        await eventually(lambda: r.health.relists > relists and r.health.ready)
+        assert r.health.malformed == 1
+
+
+async def test_auth_failure_is_contained_and_heals(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """A revoked identity goes auth_failed while another keeps working; a new token heals it."""
+    alice = sim.state.add_user("alice")
+    bob = sim.state.add_user("bob")
+    sim.state.revoke("bob")
+    async with watching(sim, alice, session) as ra, watching(sim, bob, session) as rb:
+        await eventually(lambda: ra.health.ready and rb.health.state == "auth_failed")
+        chat = sim.state.add_chat(alice, status="running")
+        await eventually(lambda: ra.store.get("alice", chat.id) is not None)
+        assert "401" in rb.health.last_error
+        bob.revoked = False  # the operator rotated the token (here: un-revoked it)
+        await eventually(lambda: rb.health.ready, within=5)
