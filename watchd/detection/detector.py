@@ -189,6 +189,9 @@ class Detector:
         for change in changes:
             rec = change.record
             if change.kind == "tombstone":
+                log.info(
+                    "chat.tombstoned", identity=identity, chat_id=rec.chat_id, reason=change.reason
+                )
                 if self.db is not None:
                     self.db.mark_deleted(identity, rec.chat_id)
                 self._resolve_chat(rec, why=f"chat {change.reason}")
@@ -196,6 +199,14 @@ class Detector:
             if self.db is not None:
                 self.db.mark(rec)
             prev = change.previous
+            if change.kind == "transition" and rec.clock == CLOCK_SYNTHESIZED:
+                log.info(
+                    "transition.synthesized",
+                    identity=identity,
+                    chat_id=rec.chat_id,
+                    to=rec.status,
+                    **{"from": prev.status if prev else None},
+                )
             if prev is not None and prev.status != rec.status:
                 self._resolve_chat(prev, why=f"left {prev.status} for {rec.status}")
             elif (
@@ -326,6 +337,8 @@ class Detector:
 
     async def _confirm_one(self, w: Watched, key: tuple[str, str, str]) -> None:
         identity, chat_id, clock = key
+        if key in self._firing_clocks:
+            return  # queued before its alert fired: nothing left to confirm
         rec = self.store.get(identity, chat_id)
         if rec is None or self._past(w, rec, clock) is None:
             self._rearm(rec)

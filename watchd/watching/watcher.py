@@ -38,7 +38,7 @@ from watchd.coder.watchstream import (
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth
-from watchd.store.chats import CLOCK_SYNTHESIZED, ChatRecord, ChatStore
+from watchd.store.chats import ChatRecord, ChatStore
 
 log = logs.get("watchd.watching")
 
@@ -268,22 +268,6 @@ class IdentityWatcher:
                 chats = await self.client.list_chats()
             now = clock.now()
             changes = self.store.apply_listing(self.name, chats, now=now, started=started)
-            for change in changes:
-                if change.kind == "transition" and change.record.clock == CLOCK_SYNTHESIZED:
-                    log.info(
-                        "transition.synthesized",
-                        identity=self.name,
-                        chat_id=change.record.chat_id,
-                        **{"from": change.previous.status if change.previous else None},
-                        to=change.record.status,
-                    )
-                elif change.kind == "tombstone":
-                    log.info(
-                        "chat.tombstoned",
-                        identity=self.name,
-                        chat_id=change.record.chat_id,
-                        reason=change.reason,
-                    )
             self.detector.apply(self.name, changes)
             self.health.last_list_ok = now
             self.health.last_list_chats = len(chats)
