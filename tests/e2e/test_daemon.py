@@ -103,7 +103,7 @@ async def test_requires_action_is_stranded(start_sim: StartSim, start_daemon: St
 async def test_nothing_fires_while_disconnected(
     start_sim: StartSim, start_daemon: StartDaemon
 ) -> None:
-    """During a Coder outage no ChatStuck fires (IdentityUnhealthy does); after reseeding it does."""
+    """During an outage no ChatStuck fires (IdentityUnhealthy does); after reseeding it does."""
     sim = start_sim()
     d = start_daemon(sim)
     await d.wait_ready()
