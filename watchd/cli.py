@@ -17,13 +17,12 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from watchd import __version__, logs
+from watchd.alerting import routing
 from watchd.config import (
     DEFAULT_CONFIG_PATH,
     Config,
     ConfigError,
     ResolvedSecrets,
-    RouteConfig,
-    format_duration,
     load_config,
     resolve_secrets,
 )
@@ -48,39 +47,6 @@ def _print_problems(exc: ConfigError) -> None:
         print(f"  {p}", file=sys.stderr)
 
 
-def route_tree(
-    route: RouteConfig, *, indent: int = 0, parent: dict[str, object] | None = None
-) -> list[str]:
-    """The route tree with inherited options resolved, one node per line."""
-    eff: dict[str, object] = dict(
-        parent
-        or {
-            "receiver": None,
-            "group_by": ["identity", "alertname", "status"],
-            "group_wait": 30.0,
-            "group_interval": 300.0,
-            "repeat_interval": 14400.0,
-        }
-    )
-    for key in ("receiver", "group_by", "group_wait", "group_interval", "repeat_interval"):
-        value = getattr(route, key)
-        if value is not None:
-            eff[key] = value
-    matchers = ", ".join(route.matchers) or "(all alerts)"
-    times = "/".join(
-        format_duration(float(eff[k]))  # type: ignore[arg-type]
-        for k in ("group_wait", "group_interval", "repeat_interval")
-    )
-    line = (
-        f"{'  ' * indent}- {matchers} -> {eff['receiver']}  group_by={eff['group_by']} "
-        f"wait/interval/repeat={times}{'  continue' if route.continue_ else ''}"
-    )
-    out = [line]
-    for child in route.routes:
-        out.extend(route_tree(child, indent=indent + 1, parent=eff))
-    return out
-
-
 def cmd_check_config(args: argparse.Namespace) -> int:
     path = _config_path(args.config)
     try:
@@ -90,8 +56,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return 2
     print(f"{path}: valid")
     print(f"identities: {', '.join(i.name for i in config.identities)}")
+    print(f"receivers: {', '.join(f'{r.name} ({r.kind})' for r in config.receivers)}")
     print("route tree:")
-    for line in route_tree(config.route):
+    for line in routing.describe(routing.build(config.route)):
         print("  " + line)
     return 0
 
@@ -197,6 +164,35 @@ def cmd_sim(args: argparse.Namespace) -> int:
     return asyncio.run(main())
 
 
+def cmd_test_alert(args: argparse.Namespace) -> int:
+    from watchd import testalert
+
+    try:
+        config, secrets = _load(_config_path(args.config))
+    except ConfigError as exc:
+        _print_problems(exc)
+        return 2
+    if args.receiver not in {r.name for r in config.receivers}:
+        print(
+            f"no receiver named {args.receiver!r} (have: "
+            f"{', '.join(r.name for r in config.receivers)})",
+            file=sys.stderr,
+        )
+        return 2
+    return asyncio.run(testalert.send(config, secrets, args.receiver))
+
+
+def cmd_silence(args: argparse.Namespace) -> int:
+    from watchd import silencectl
+
+    try:
+        config, secrets = _load(_config_path(args.config))
+    except ConfigError as exc:
+        _print_problems(exc)
+        return 2
+    return asyncio.run(silencectl.run(config, secrets, args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="watchd", description="Monitor Coder Agents chats.")
     p.add_argument("--version", action="version", version=f"watchd {__version__}")
@@ -227,6 +223,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--listen", default="127.0.0.1:9310")
     demo.set_defaults(func=cmd_demo)
+
+    test_alert = sub.add_parser("test-alert", help="send a synthetic alert and its resolve")
+    test_alert.add_argument("receiver")
+    test_alert.add_argument("-c", "--config")
+    test_alert.set_defaults(func=cmd_test_alert)
+
+    silence = sub.add_parser("silence", help="manage runtime silences on a running daemon")
+    silence.add_argument("-c", "--config")
+    ssub = silence.add_subparsers(dest="action", required=True)
+    add = ssub.add_parser("add", help="silence alerts matching all matchers")
+    add.add_argument("matchers", nargs="+", help='e.g. identity="team-a" alertname=~"Chat.*"')
+    add.add_argument("--duration", default="2h")
+    add.add_argument("--comment", default="")
+    add.add_argument("--author", default=os.environ.get("USER", "cli"))
+    ssub.add_parser("list", help="list silences")
+    expire = ssub.add_parser("expire", help="end a silence now")
+    expire.add_argument("id")
+    silence.set_defaults(func=cmd_silence)
 
     sim = sub.add_parser("sim", help="the Coder simulator alone")
     sim.add_argument("--listen", default="127.0.0.1:7080")

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from watchd import secrets
-from watchd.alerting.matching import MatcherError, parse_matcher
+from watchd.matchers import MatcherError, parse_matcher
 
 DEFAULT_CONFIG_PATH = "/etc/watchd/watchd.yaml"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -291,6 +291,12 @@ class ServerConfig(Strict):
     ingest_token_file: str | None = None
     ingest_token_env: str | None = None
     ingest_token_credential: str | None = None
+    # Bearer token for the runtime silence API; without it silences are read-only.
+    admin_token_file: str | None = None
+    admin_token_env: str | None = None
+    admin_token_credential: str | None = None
+    # The link to this daemon's status page put into notifications (optional).
+    external_url: str = ""
     # An agent batch is a few KB; 1 MiB allows big batches without letting one request
     # pin memory.
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
@@ -414,6 +420,7 @@ class ResolvedSecrets(BaseModel):
     receivers: dict[str, SecretStr]
     receiver_hmac: dict[str, SecretStr]
     ingest_token: SecretStr | None
+    admin_token: SecretStr | None = None
 
 
 def resolve_secrets(config: Config) -> ResolvedSecrets:
@@ -494,6 +501,18 @@ def resolve_secrets(config: Config) -> ResolvedSecrets:
         )
         if v is not None:
             ingest = SecretStr(v)
+    admin = None
+    if srv.admin_token_file or srv.admin_token_env or srv.admin_token_credential:
+        v = take(
+            "server.admin_token",
+            file=srv.admin_token_file,
+            env=srv.admin_token_env,
+            cred=srv.admin_token_credential,
+        )
+        if v is not None:
+            admin = SecretStr(v)
     if problems:
         raise ConfigError(problems)
-    return ResolvedSecrets(tokens=tokens, receivers=recv, receiver_hmac=hmac, ingest_token=ingest)
+    return ResolvedSecrets(
+        tokens=tokens, receivers=recv, receiver_hmac=hmac, ingest_token=ingest, admin_token=admin
+    )

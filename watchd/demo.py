@@ -16,7 +16,6 @@ import tempfile
 import time
 from typing import TextIO
 
-from watchd.alerting.model import ConsoleSink
 from watchd.config import Config, parse_config, resolve_secrets
 from watchd.daemon.app import Daemon
 from watchd.sim.scenarios import demo as demo_scenario
@@ -60,7 +59,7 @@ def demo_config(url: str, state_dir: str, listen: str) -> Config:
                 "default": "20s",
             },
             "reconcile_interval": "10s",
-            "route": {"receiver": "console", "group_wait": "1s"},
+            "route": {"receiver": "console", "group_wait": "1s", "group_interval": "5s"},
             "receivers": [{"name": "console", "console": {}}],
             "server": {"listen": listen},
             "state_dir": state_dir,
@@ -83,7 +82,7 @@ async def run_demo(*, duration: float, listen: str, out: TextIO) -> int:
         daemon = Daemon(
             config,
             secrets,
-            sink=ConsoleSink(out),
+            stdout=out,
             settings=WatchSettings(reconcile_interval=10.0, healthy_after=5.0, auth_retry=30.0),
         )
         stop = asyncio.Event()

@@ -15,11 +15,22 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import TextIO
 
 import aiohttp
 
 from watchd import __version__, logs
-from watchd.alerting.model import AlertSink, ConsoleSink
+from watchd.alerting import routing
+from watchd.alerting.dispatch import Dispatcher
+from watchd.alerting.model import Alert, AlertSink
+from watchd.alerting.receivers.build import build_all
+from watchd.alerting.silencing import (
+    Inhibitor,
+    Silence,
+    Silencer,
+    from_config,
+    silence_from_json,
+)
 from watchd.clock import ServerClock
 from watchd.coder.client import CoderClient
 from watchd.coder.transport import RateLimiter, Transport
@@ -35,10 +46,17 @@ from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
 log = logs.get("watchd.daemon")
 
-STOP_DEADLINES = {"server": 2.0, "watchers": 3.0, "core": 2.0}
+STOP_DEADLINES = {"server": 1.0, "watchers": 2.0, "core": 1.0, "flush": 2.0}
 # How many identities may list at once: after a Coder restart, 50 watchers must not
 # all list in the same second.
 CONCURRENT_LISTINGS = 4
+
+
+class _Pending:
+    """The detector's sink until the dispatcher exists (nothing fires before run())."""
+
+    def put(self, alert: Alert) -> None:
+        raise RuntimeError("alert fired before the daemon started its dispatcher")
 
 
 def state_dir(config: Config) -> Path:
@@ -54,6 +72,7 @@ class Daemon:
         sink: AlertSink | None = None,
         events: EventSink | None = None,
         settings: WatchSettings | None = None,
+        stdout: TextIO | None = None,
     ) -> None:
         self.config = config
         self.secrets = secrets
@@ -68,13 +87,25 @@ class Daemon:
         loaded = self.store.load(self.db.load_chats())
         self.detector = Detector(
             store=self.store,
-            sink=sink or ConsoleSink(),
+            sink=_Pending(),
             db=self.db,
             confirm_rate=config.detection.confirm_rate,
             listing_threshold=config.detection.confirm_listing_threshold,
             chat_failed=config.detection.chat_failed,
             link_template=config.chat_link_template,
         )
+        self._sink_override = sink
+        self.stdout = stdout
+        self.route = routing.build(config.route)
+        now = time.time()
+        self.silencer = Silencer(
+            [
+                *from_config(config.silences, now=now),
+                *(silence_from_json(b) for b in self.db.silences_load()),
+            ]
+        )
+        self.inhibitor = Inhibitor(config.inhibit_rules)
+        self.dispatcher: Dispatcher | None = None
         self.health: dict[str, IdentityHealth] = {}
         self.watchers: dict[str, IdentityWatcher] = {}
         self.server = Server(self, listen=config.server.listen)
@@ -87,6 +118,27 @@ class Daemon:
             path=str(self.db.path),
         )
 
+    def add_silence(self, silence: Silence) -> None:
+        self.silencer.add(silence)
+        self.db.silence_save(silence.id, silence.to_json(time.time()))
+        log.info(
+            "silence.added",
+            id=silence.id,
+            matchers=[str(m) for m in silence.matchers],
+            ends_at=silence.ends_at,
+            created_by=silence.created_by,
+        )
+
+    def expire_silence(self, silence_id: str) -> Silence | None:
+        existing = self.silencer.silences.get(silence_id)
+        if existing is None or existing.source == "config":
+            return None
+        ended = self.silencer.expire(silence_id, now=time.time())
+        if ended is not None:
+            self.db.silence_save(ended.id, ended.to_json(time.time()))
+            log.info("silence.expired", id=silence_id)
+        return ended
+
     def ready(self) -> bool:
         return all(h.seeded_once for h in self.health.values())
 
@@ -96,6 +148,23 @@ class Daemon:
         )
         sup = self.supervisor
         try:
+            if self._sink_override is not None:
+                self.detector.sink = self._sink_override
+            else:
+                self.dispatcher = Dispatcher(
+                    route=self.route,
+                    notifiers=build_all(
+                        self.config, self.secrets, self._session, stdout=self.stdout
+                    ),
+                    db=self.db,
+                    silencer=self.silencer,
+                    inhibitor=self.inhibitor,
+                    external_url=self.config.server.external_url,
+                )
+                restored = self.dispatcher.restore()
+                self.detector.sink = self.dispatcher
+                sup.spawn("dispatch-housekeeping", self.dispatcher.run, group="core", root=True)
+                log.info("dispatch.restored", alerts=restored)
             bound = await self.server.start()
             log.info("server.listening", listen=bound)
             sup.spawn("heartbeat", self._heartbeat, group="core", root=True)
@@ -194,6 +263,8 @@ class Daemon:
         for w in self.detector.watched.values():
             if w.task is not None:
                 w.task.cancel()
+        if self.dispatcher is not None:
+            await self.dispatcher.close(deadline=STOP_DEADLINES["flush"])
         self.db.close()
         if self._session is not None:
             await self._session.close()

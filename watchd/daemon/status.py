@@ -56,7 +56,19 @@ def status_document(d: Daemon) -> dict[str, Any]:
         "ready": d.ready(),
         "identities": identities,
         "alerts": {"firing": firing, "recent": [a.to_json() for a in list(det.history)[-50:]]},
-        "silences": [],
+        "silences": [s.to_json(time.time()) for s in d.silencer.silences.values()],
+        "receivers": {
+            name: {
+                "sent": st.sent,
+                "failed": st.failed,
+                "retried": st.retried,
+                "dropped": st.dropped,
+                "last_error": st.last_error,
+                "last_success": st.last_success,
+            }
+            for name, st in (d.dispatcher.stats.items() if d.dispatcher else [])
+        },
+        "groups": len(d.dispatcher.groups) if d.dispatcher else 0,
         "counters": dict(det.counters),
         "store": {
             "chats": len(d.store),
@@ -210,4 +222,34 @@ def metrics_text(d: Daemon) -> str:
         "Chat records not yet flushed to disk.",
         [({}, d.db.pending if d.db else 0)],
     )
+    if d.dispatcher is not None:
+        stats = sorted(d.dispatcher.stats.items())
+        family(
+            "watchd_notifications_total",
+            "counter",
+            "Notifications by receiver and outcome (sent, failed, retried, dropped).",
+            [
+                ({"receiver": n, "outcome": o}, getattr(st, o))
+                for n, st in stats
+                for o in ("sent", "failed", "retried", "dropped")
+            ],
+        )
+        family(
+            "watchd_receiver_last_success_timestamp_seconds",
+            "gauge",
+            "When the receiver last accepted a notification.",
+            [({"receiver": n}, st.last_success) for n, st in stats if st.last_success is not None],
+        )
+        family(
+            "watchd_alerts_muted_total",
+            "counter",
+            "Alerts held back by silences or inhibition at flush time.",
+            [({"reason": k}, v) for k, v in sorted(d.dispatcher.muted.items())],
+        )
+        family(
+            "watchd_alert_groups",
+            "gauge",
+            "Aggregation groups alive.",
+            [({}, len(d.dispatcher.groups))],
+        )
     return "\n".join(out) + "\n"

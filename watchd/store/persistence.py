@@ -27,6 +27,16 @@ CREATE TABLE IF NOT EXISTS chats (
   last_error TEXT, queued INTEGER, version INTEGER NOT NULL,
   PRIMARY KEY (identity, chat_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS nflog (
+  receiver TEXT NOT NULL, group_key TEXT NOT NULL, firing TEXT NOT NULL,
+  resolved TEXT NOT NULL, sent_at REAL NOT NULL, expires_at REAL NOT NULL,
+  PRIMARY KEY (receiver, group_key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dispatch (
+  receiver TEXT NOT NULL, group_key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+  alert TEXT NOT NULL, PRIMARY KEY (receiver, group_key, fingerprint)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS silences (id TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS alerts (
   fingerprint TEXT PRIMARY KEY, identity TEXT NOT NULL, chat_id TEXT,
   labels TEXT NOT NULL, annotations TEXT NOT NULL, starts_at REAL NOT NULL,
@@ -45,6 +55,16 @@ class StoredAlert:
     annotations: dict[str, str]
     starts_at: float
     ends_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class NflogEntry:
+    receiver: str
+    group_key: str
+    firing: frozenset[str]
+    resolved: frozenset[str]
+    sent_at: float
+    expires_at: float
 
 
 class StateDB:
@@ -132,6 +152,82 @@ class StateDB:
             StoredAlert(f, i, c, json.loads(lab), json.loads(ann), s, e)
             for f, i, c, lab, ann, s, e in rows
         ]
+
+    # -- notification log: what each receiver was last told, per group ----------
+
+    def nflog_get(self, receiver: str, group_key: str) -> NflogEntry | None:
+        row = self._db.execute(
+            "SELECT firing, resolved, sent_at, expires_at FROM nflog "
+            "WHERE receiver=? AND group_key=?",
+            (receiver, group_key),
+        ).fetchone()
+        if row is None:
+            return None
+        return NflogEntry(
+            receiver,
+            group_key,
+            frozenset(json.loads(row[0])),
+            frozenset(json.loads(row[1])),
+            row[2],
+            row[3],
+        )
+
+    def nflog_put(self, entry: NflogEntry) -> None:
+        """Written only after a successful send: a failed flush is simply retried."""
+        with self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO nflog VALUES (?,?,?,?,?,?)",
+                (
+                    entry.receiver,
+                    entry.group_key,
+                    json.dumps(sorted(entry.firing)),
+                    json.dumps(sorted(entry.resolved)),
+                    entry.sent_at,
+                    entry.expires_at,
+                ),
+            )
+
+    def nflog_gc(self, now: float) -> int:
+        with self._tx():
+            cur = self._db.execute("DELETE FROM nflog WHERE expires_at < ?", (now,))
+        return cur.rowcount
+
+    # -- alerts held by aggregation groups, so a restart loses no pending resolve --
+
+    def dispatch_save(
+        self, receiver: str, group_key: str, fingerprint: str, alert: dict[str, Any]
+    ) -> None:
+        with self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO dispatch VALUES (?,?,?,?)",
+                (receiver, group_key, fingerprint, json.dumps(alert)),
+            )
+
+    def dispatch_delete(self, receiver: str, group_key: str, fingerprints: Iterable[str]) -> None:
+        with self._tx():
+            self._db.executemany(
+                "DELETE FROM dispatch WHERE receiver=? AND group_key=? AND fingerprint=?",
+                [(receiver, group_key, f) for f in fingerprints],
+            )
+
+    def dispatch_load(self) -> list[tuple[str, str, dict[str, Any]]]:
+        rows = self._db.execute("SELECT receiver, group_key, alert FROM dispatch").fetchall()
+        return [(r, g, json.loads(a)) for r, g, a in rows]
+
+    # -- runtime silences -----------------------------------------------------------
+
+    def silence_save(self, silence_id: str, body: dict[str, Any]) -> None:
+        with self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO silences VALUES (?,?)", (silence_id, json.dumps(body))
+            )
+
+    def silence_delete(self, silence_id: str) -> None:
+        with self._tx():
+            self._db.execute("DELETE FROM silences WHERE id=?", (silence_id,))
+
+    def silences_load(self) -> list[dict[str, Any]]:
+        return [json.loads(b) for (b,) in self._db.execute("SELECT body FROM silences")]
 
     # -- plumbing -----------------------------------------------------------------
 

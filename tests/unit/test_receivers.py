@@ -1,0 +1,246 @@
+"""Notifiers against protocol-faithful fake Slack, PagerDuty and webhook servers."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from tests.fakes.receivers import FakePagerDuty, FakeSlack, FakeWebhook
+from watchd.alerting.model import Alert
+from watchd.alerting.receivers.base import Notification, NotifyError
+from watchd.alerting.receivers.pagerduty import PagerDutyNotifier, dedup_key
+from watchd.alerting.receivers.simple import AlertmanagerNotifier, WebhookNotifier
+from watchd.alerting.receivers.slack import SlackNotifier
+
+KEY = "R0UT1NGKEY0123456789abcdefABCDEF"
+HOSTILE = "Deploy <!channel> & <script>alert(1)</script> <@U123> <#C1|x>"
+
+
+def chat_alert(
+    i: int, *, title: str = "chat", resolved: bool = False, severity: str = "warning"
+) -> Alert:
+    return Alert(
+        fingerprint=f"fp{i}",
+        labels={
+            "alertname": "ChatStuck",
+            "identity": "team-a",
+            "status": "running",
+            "severity": severity,
+            "chat_id": f"chat-{i}",
+            "owner": "alice",
+            "deployment": "https://coder.example.com",
+        },
+        annotations={
+            "summary": f'Chat "{title}" has been running for 35m (budget 30m)',
+            "title": title,
+            "time_in_status": "35m",
+            "budget": "30m",
+            "hint": "check quota <now>",
+            "link": f"https://coder.example.com/agents/{i}",
+        },
+        starts_at=1_800_000_000.0 + i,
+        ends_at=1_800_000_500.0 if resolved else None,
+    )
+
+
+def note(*alerts: Alert) -> Notification:
+    return Notification(
+        receiver="r",
+        group_key="root:{identity='team-a'}",
+        group_labels={"identity": "team-a", "alertname": "ChatStuck"},
+        alerts=alerts,
+        external_url="http://watchd.local:9310/status",
+    )
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    s = await FakeSlack().start()
+    yield s
+    await s.stop()
+
+
+@pytest.fixture
+async def pd() -> AsyncIterator[FakePagerDuty]:
+    p = await FakePagerDuty().start()
+    yield p
+    await p.stop()
+
+
+@pytest.fixture
+async def hook() -> AsyncIterator[FakeWebhook]:
+    h = await FakeWebhook().start()
+    yield h
+    await h.stop()
+
+
+async def test_slack_escapes_hostile_titles(
+    slack: FakeSlack, session: aiohttp.ClientSession
+) -> None:
+    """<!channel>, & and <script> in a title arrive escaped; the fake accepts the message."""
+    n = SlackNotifier("chat", webhook_url=slack.webhook_url, session=session, timeout=5)
+    await n.notify(note(chat_alert(1, title=HOSTILE)))
+    assert slack.rejected == [] and len(slack.received) == 1
+    text = json.dumps(slack.received[0])
+    assert "&lt;!channel&gt; &amp; &lt;script&gt;" in text
+    assert "<!channel>" not in text and "<script>" not in text
+    assert slack.received[0]["text"].startswith("[FIRING:1] ChatStuck")
+
+
+async def test_slack_many_chats_fit_the_limits(
+    slack: FakeSlack, session: aiohttp.ClientSession
+) -> None:
+    """200 chats become one message within 50 blocks with a '+N more' line."""
+    n = SlackNotifier(
+        "chat", webhook_url=slack.webhook_url, session=session, timeout=5, max_chats=10
+    )
+    await n.notify(note(*[chat_alert(i, title="x" * 5000) for i in range(200)]))
+    msg = slack.received[0]
+    assert len(msg["blocks"]) <= 50
+    assert any(e["text"] == "+190 more" for b in msg["blocks"] for e in b.get("elements", []))
+    assert all(len(b["text"]["text"]) <= 3000 for b in msg["blocks"] if b["type"] == "section")
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "retryable"),
+    [
+        (404, "channel_not_found", False),
+        (410, "channel_is_archived", False),
+        (403, "action_prohibited", False),
+        (400, "invalid_payload", False),
+        (500, "rollup_error", True),
+        (503, "", True),
+    ],
+)
+async def test_slack_error_classification(
+    slack: FakeSlack, session: aiohttp.ClientSession, status: int, body: str, retryable: bool
+) -> None:
+    """Slack's documented error strings are permanent; rollup_error and 5xx are transient."""
+    slack.script.answers.append((status, body, {}))
+    n = SlackNotifier("chat", webhook_url=slack.webhook_url, session=session, timeout=5)
+    with pytest.raises(NotifyError) as err:
+        await n.notify(note(chat_alert(1)))
+    assert err.value.retryable is retryable
+    assert slack.webhook_url not in str(err.value) and "XXXX" not in str(err.value)
+
+
+async def test_slack_429_carries_retry_after(
+    slack: FakeSlack, session: aiohttp.ClientSession
+) -> None:
+    """A 429 is retryable with the server's Retry-After."""
+    slack.script.answers.append((429, "rate_limited", {"Retry-After": "7"}))
+    n = SlackNotifier("chat", webhook_url=slack.webhook_url, session=session, timeout=5)
+    with pytest.raises(NotifyError) as err:
+        await n.notify(note(chat_alert(1)))
+    assert err.value.retryable and err.value.retry_after == 7
+
+
+async def test_pagerduty_trigger_and_resolve_share_the_dedup_key(
+    pd: FakePagerDuty, session: aiohttp.ClientSession
+) -> None:
+    """Trigger then resolve use one dedup_key and routing key; the incident opens once."""
+    n = PagerDutyNotifier("pager", routing_key=KEY, url=pd.events_url, session=session, timeout=5)
+    await n.notify(note(chat_alert(1), chat_alert(2)))
+    await n.notify(note(chat_alert(1), chat_alert(2)))  # a re-send after a crash
+    await n.notify(note(chat_alert(1, resolved=True), chat_alert(2, resolved=True)))
+    assert pd.rejected == []
+    keys = {ev["dedup_key"] for ev in pd.received}
+    assert keys == {dedup_key("root:{identity='team-a'}")}
+    assert pd.pages == 1 and pd.resolves == 1
+    trigger = pd.received[0]
+    assert trigger["payload"]["severity"] == "warning"
+    assert [link["href"] for link in trigger["links"]][:2] == [
+        "https://coder.example.com/agents/1",
+        "https://coder.example.com/agents/2",
+    ]
+    assert len(trigger["payload"]["custom_details"]["chats"]) == 2
+
+
+async def test_pagerduty_summary_and_size_limits(
+    pd: FakePagerDuty, session: aiohttp.ClientSession
+) -> None:
+    """Long summaries are cut to 1024 and huge groups shrink under 512 KB."""
+    n = PagerDutyNotifier("pager", routing_key=KEY, url=pd.events_url, session=session, timeout=5)
+    await n.notify(note(*[chat_alert(i, title="t" * 3000) for i in range(400)]))
+    assert pd.rejected == [] and len(pd.received) == 1
+    ev = pd.received[0]
+    assert len(ev["payload"]["summary"]) <= 1024
+    assert len(json.dumps(ev)) <= 512 * 1024
+
+
+@pytest.mark.parametrize(
+    ("status", "retryable"), [(400, False), (429, True), (500, True), (502, True)]
+)
+async def test_pagerduty_answers(
+    pd: FakePagerDuty, session: aiohttp.ClientSession, status: int, retryable: bool
+) -> None:
+    """400 is permanent; 429 and 5xx are retried; the routing key never shows."""
+    pd.script.answers.append((status, json.dumps({"status": "invalid", "key": KEY}), {}))
+    n = PagerDutyNotifier("pager", routing_key=KEY, url=pd.events_url, session=session, timeout=5)
+    with pytest.raises(NotifyError) as err:
+        await n.notify(note(chat_alert(1)))
+    assert err.value.retryable is retryable and KEY not in str(err.value)
+
+
+async def test_pagerduty_critical_wins(pd: FakePagerDuty, session: aiohttp.ClientSession) -> None:
+    """The group's severity is its most severe alert's, mapped to PagerDuty's set."""
+    n = PagerDutyNotifier("pager", routing_key=KEY, url=pd.events_url, session=session, timeout=5)
+    await n.notify(note(chat_alert(1), chat_alert(2, severity="critical")))
+    assert pd.received[0]["payload"]["severity"] == "critical"
+
+
+async def test_webhook_v4_body_and_signature(
+    hook: FakeWebhook, session: aiohttp.ClientSession
+) -> None:
+    """The webhook body is Alertmanager's v4 format, signed with HMAC-SHA256."""
+    n = WebhookNotifier(
+        "ops", url=hook.hook_url, session=session, timeout=5, hmac_secret="sekrit-hmac-key"
+    )
+    await n.notify(note(chat_alert(1), chat_alert(2, resolved=True)))
+    body = hook.received[0]
+    assert body["version"] == "4" and body["status"] == "firing"
+    assert body["groupLabels"] == {"identity": "team-a", "alertname": "ChatStuck"}
+    assert body["commonLabels"]["identity"] == "team-a" and "chat_id" not in body["commonLabels"]
+    assert [a["status"] for a in body["alerts"]] == ["firing", "resolved"]
+    assert body["alerts"][0]["endsAt"] == "0001-01-01T00:00:00Z"
+    assert body["alerts"][1]["fingerprint"] == "fp2"
+    expected = hmac.new(b"sekrit-hmac-key", hook.raw[0], hashlib.sha256).hexdigest()
+    assert hook.headers[0]["X-Watchd-Signature"] == f"sha256={expected}"
+
+
+async def test_webhook_failures_classified(
+    hook: FakeWebhook, session: aiohttp.ClientSession
+) -> None:
+    """4xx is permanent, 5xx and network errors are transient."""
+    n = WebhookNotifier("ops", url=hook.hook_url, session=session, timeout=5)
+    hook.script.answers.append((404, "nope", {}))
+    with pytest.raises(NotifyError) as err:
+        await n.notify(note(chat_alert(1)))
+    assert not err.value.retryable
+    hook.script.answers.append((503, "busy", {}))
+    with pytest.raises(NotifyError) as err:
+        await n.notify(note(chat_alert(1)))
+    assert err.value.retryable
+    dead = WebhookNotifier("ops", url="http://127.0.0.1:9/alerts", session=session, timeout=2)
+    with pytest.raises(NotifyError) as err:
+        await dead.notify(note(chat_alert(1)))
+    assert err.value.retryable
+
+
+async def test_alertmanager_body(hook: FakeWebhook, session: aiohttp.ClientSession) -> None:
+    """Alertmanager pushes omit endsAt while firing and set it on resolve."""
+    am = await FakeWebhook(path="/api/v2/alerts").start()
+    try:
+        n = AlertmanagerNotifier("am", url=am.url, session=session, timeout=5)
+        await n.notify(note(chat_alert(1), chat_alert(2, resolved=True)))
+        firing, resolved = am.received[0]
+        assert "endsAt" not in firing and resolved["endsAt"].endswith("Z")
+        assert firing["labels"]["chat_id"] == "chat-1"
+        assert n.resend_every is not None and n.resend_every < 300
+    finally:
+        await am.stop()

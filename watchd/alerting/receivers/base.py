@@ -1,0 +1,151 @@
+"""What every notifier shares: the notification, the error type, HTTP posting.
+
+Error messages name the receiver and the provider's answer, never its URL
+or key: for Slack the webhook URL *is* the secret.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import aiohttp
+
+from watchd.alerting.model import Alert
+
+ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+def rfc3339(ts: float | None) -> str:
+    if ts is None:
+        return ZERO_TIME
+    return (
+        datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+@dataclass(frozen=True)
+class Notification:
+    receiver: str
+    group_key: str
+    group_labels: Mapping[str, str]
+    alerts: tuple[Alert, ...]
+    external_url: str = ""
+    truncated: int = 0
+
+    @property
+    def firing(self) -> list[Alert]:
+        return [a for a in self.alerts if a.firing]
+
+    @property
+    def resolved(self) -> list[Alert]:
+        return [a for a in self.alerts if not a.firing]
+
+    @property
+    def status(self) -> str:
+        return "firing" if self.firing else "resolved"
+
+    def common_labels(self) -> dict[str, str]:
+        return _common([a.labels for a in self.alerts])
+
+    def common_annotations(self) -> dict[str, str]:
+        return _common([a.annotations for a in self.alerts])
+
+
+def _common(maps: list[Mapping[str, str]]) -> dict[str, str]:
+    if not maps:
+        return {}
+    out = dict(maps[0])
+    for m in maps[1:]:
+        out = {k: v for k, v in out.items() if m.get(k) == v}
+    return out
+
+
+class NotifyError(Exception):
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
+        self.retryable = retryable
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+@dataclass
+class Rate:
+    """A provider's documented pace: ``per_second`` sustained, ``burst`` at once."""
+
+    per_second: float
+    burst: int
+
+
+class Notifier(Protocol):
+    kind: str
+    name: str
+    rate: Rate
+    send_resolved: bool
+    # Firing alerts must be re-sent this often at the least (Alertmanager's resolve_timeout).
+    resend_every: float | None
+
+    async def notify(self, n: Notification) -> None: ...
+
+
+@dataclass
+class HttpAnswer:
+    status: int
+    headers: dict[str, str]
+    text: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    value = {k.lower(): v for k, v in headers.items()}.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+async def post(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    body: bytes,
+    headers: Mapping[str, str],
+    deadline: float,
+    who: str,
+) -> HttpAnswer:
+    """POST; network failures become retryable NotifyErrors that do not show the URL."""
+    try:
+        async with session.post(
+            url,
+            data=body,
+            headers={"Content-Type": "application/json", "User-Agent": "watchd", **headers},
+            timeout=aiohttp.ClientTimeout(total=deadline),
+            allow_redirects=False,
+        ) as r:
+            text = (await r.read()).decode("utf-8", "replace")[:2000]
+            return HttpAnswer(r.status, dict(r.headers), text)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise NotifyError(f"{who}: network error: {type(exc).__name__}", retryable=True) from None
+
+
+def classify_http(
+    answer: HttpAnswer, *, who: str, ok: tuple[int, ...] = (200, 201, 202, 204)
+) -> None:
+    """Generic classification: 2xx ok; 408/425/429/5xx retryable; other 4xx permanent."""
+    if answer.status in ok:
+        return
+    snippet = answer.text.strip().replace("\n", " ")[:200]
+    retryable = answer.status in (408, 425, 429) or answer.status >= 500
+    raise NotifyError(
+        f"{who}: HTTP {answer.status}: {snippet}",
+        retryable=retryable,
+        retry_after=retry_after(answer.headers),
+    )
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()

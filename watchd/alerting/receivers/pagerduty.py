@@ -1,0 +1,143 @@
+"""PagerDuty Events API v2: one incident per alert group.
+
+``dedup_key`` is a hash of the group key, stable across restarts and
+replicas, and the resolve uses the same routing key — so a re-sent trigger
+(after a crash between send and record) updates the same incident instead of
+paging twice. Summary ≤ 1024 characters, event ≤ 512 KB (custom_details are
+shrunk to fit). 202 is accepted; 400 is permanent; 429 and 5xx are retried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import aiohttp
+
+from watchd.alerting.receivers.base import (
+    Notification,
+    NotifyError,
+    Rate,
+    dumps,
+    post,
+    retry_after,
+    rfc3339,
+)
+
+SUMMARY_LIMIT = 1024
+EVENT_LIMIT = 512 * 1024
+SEVERITIES = ("critical", "error", "warning", "info")
+LINKS = 10
+
+
+def dedup_key(group_key: str) -> str:
+    return hashlib.sha256(group_key.encode()).hexdigest()
+
+
+def event(n: Notification, *, routing_key: str, default_severity: str) -> dict[str, Any]:
+    key = dedup_key(n.group_key)
+    if not n.firing:
+        return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": key}
+    firing = n.firing
+    sevs = [a.labels.get("severity", "") for a in firing]
+    severity = next((s for s in SEVERITIES if s in sevs), default_severity)
+    common = n.common_labels()
+    name = common.get("alertname", "alerts")
+    identity = common.get("identity", "")
+    if len(firing) == 1:
+        summary = firing[0].annotations.get("summary", name)
+    else:
+        summary = f"{len(firing)} chats {name}"
+        if identity:
+            summary += f" on identity {identity}"
+        titles = "; ".join(a.annotations.get("title", "") for a in firing[:5])
+        summary += f": {titles}"
+    details: dict[str, Any] = {
+        "firing": len(firing),
+        "resolved": len(n.resolved),
+        "group": dict(n.group_labels),
+        "chats": [
+            {
+                "chat_id": a.labels.get("chat_id", ""),
+                "title": a.annotations.get("title", ""),
+                "status": a.labels.get("status", ""),
+                "time_in_status": a.annotations.get("time_in_status", ""),
+                "hint": a.annotations.get("hint", ""),
+                "link": a.annotations.get("link", ""),
+            }
+            for a in firing
+        ],
+    }
+    body: dict[str, Any] = {
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": key,
+        "client": "watchd",
+        "payload": {
+            "summary": summary[:SUMMARY_LIMIT],
+            "source": common.get("deployment", "watchd") or "watchd",
+            "severity": severity,
+            "timestamp": rfc3339(min(a.starts_at for a in firing)),
+            "component": identity or "watchd",
+            "group": identity or name,
+            "class": name,
+            "custom_details": details,
+        },
+        "links": [
+            {"href": a.annotations["link"], "text": a.annotations.get("title", "chat")[:100]}
+            for a in firing[:LINKS]
+            if a.annotations.get("link")
+        ],
+    }
+    if n.external_url:
+        body["client_url"] = n.external_url
+    while len(dumps(body)) > EVENT_LIMIT and details["chats"]:
+        details["chats"] = details["chats"][: len(details["chats"]) // 2]
+        details["chats_truncated"] = True
+    return body
+
+
+class PagerDutyNotifier:
+    kind = "pagerduty"
+    send_resolved = True
+    resend_every: float | None = None
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        routing_key: str,
+        url: str,
+        session: aiohttp.ClientSession,
+        timeout: float,
+        severity: str = "error",
+    ) -> None:
+        self.name = name
+        self._key = routing_key
+        self.url = url
+        self.session = session
+        self.timeout = timeout
+        self.severity = severity
+        # PagerDuty: about 120 events per minute per routing key.
+        self.rate = Rate(per_second=2.0, burst=10)
+
+    async def notify(self, n: Notification) -> None:
+        who = f"pagerduty receiver {self.name!r}"
+        body = event(n, routing_key=self._key, default_severity=self.severity)
+        answer = await post(
+            self.session, self.url, body=dumps(body), headers={}, deadline=self.timeout, who=who
+        )
+        if answer.status == 202:
+            return
+        snippet = answer.text.strip().replace(self._key, "[REDACTED]")[:200]
+        if answer.status == 429 or answer.status >= 500:
+            raise NotifyError(
+                f"{who}: HTTP {answer.status}: {snippet}",
+                retryable=True,
+                retry_after=retry_after(answer.headers),
+            )
+        raise NotifyError(
+            f"{who}: HTTP {answer.status} (event rejected, check the routing "
+            f"key and payload): {snippet}",
+            retryable=False,
+        )

@@ -1,0 +1,158 @@
+"""The console, webhook (Alertmanager webhook v4) and Alertmanager (API v2) notifiers."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import sys
+from typing import Any, TextIO
+
+import aiohttp
+
+from watchd.alerting.model import Alert, ConsoleSink
+from watchd.alerting.receivers.base import (
+    Notification,
+    Rate,
+    classify_http,
+    dumps,
+    post,
+    rfc3339,
+)
+
+SIGNATURE_HEADER = "X-Watchd-Signature"
+
+
+class ConsoleNotifier:
+    kind = "console"
+    send_resolved = True
+    resend_every: float | None = None
+
+    def __init__(self, name: str, stream: TextIO | None = None) -> None:
+        self.name = name
+        self.rate = Rate(per_second=1000.0, burst=1000)
+        self.stream = stream or sys.stdout
+        self._sink = ConsoleSink(self.stream)
+
+    async def notify(self, n: Notification) -> None:
+        where = " ".join(f"{k}={v}" for k, v in n.group_labels.items() if v)
+        print(
+            f"--- notification to {self.name}: {where}: {len(n.firing)} firing, "
+            f"{len(n.resolved)} resolved",
+            file=self.stream,
+            flush=True,
+        )
+        for alert in n.alerts:
+            self._sink.put(alert)
+
+
+def am_alert(a: Alert, *, generator_url: str) -> dict[str, Any]:
+    return {
+        "status": a.status,
+        "labels": dict(a.labels),
+        "annotations": dict(a.annotations),
+        "startsAt": rfc3339(a.starts_at),
+        "endsAt": rfc3339(a.ends_at),
+        "generatorURL": generator_url,
+        "fingerprint": a.fingerprint,
+    }
+
+
+def webhook_body(n: Notification) -> dict[str, Any]:
+    """Alertmanager's webhook payload, version 4."""
+    return {
+        "version": "4",
+        "groupKey": n.group_key,
+        "truncatedAlerts": n.truncated,
+        "status": n.status,
+        "receiver": n.receiver,
+        "groupLabels": dict(n.group_labels),
+        "commonLabels": n.common_labels(),
+        "commonAnnotations": n.common_annotations(),
+        "externalURL": n.external_url,
+        "alerts": [am_alert(a, generator_url=n.external_url) for a in n.alerts],
+    }
+
+
+class WebhookNotifier:
+    kind = "webhook"
+    send_resolved = True
+    resend_every: float | None = None
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str,
+        session: aiohttp.ClientSession,
+        timeout: float,
+        hmac_secret: str | None = None,
+        max_alerts: int = 0,
+    ) -> None:
+        self.name = name
+        self.url = url
+        self.session = session
+        self.timeout = timeout
+        self.hmac_secret = hmac_secret
+        self.max_alerts = max_alerts
+        self.rate = Rate(per_second=50.0, burst=50)
+
+    async def notify(self, n: Notification) -> None:
+        if self.max_alerts and len(n.alerts) > self.max_alerts:
+            n = Notification(
+                n.receiver,
+                n.group_key,
+                n.group_labels,
+                n.alerts[: self.max_alerts],
+                n.external_url,
+                truncated=len(n.alerts) - self.max_alerts,
+            )
+        body = dumps(webhook_body(n))
+        headers = {}
+        if self.hmac_secret:
+            digest = hmac.new(self.hmac_secret.encode(), body, hashlib.sha256).hexdigest()
+            headers[SIGNATURE_HEADER] = f"sha256={digest}"
+        who = f"webhook receiver {self.name!r}"
+        answer = await post(
+            self.session, self.url, body=body, headers=headers, deadline=self.timeout, who=who
+        )
+        classify_http(answer, who=who)
+
+
+class AlertmanagerNotifier:
+    """Pushes alerts into an existing Alertmanager (``POST /api/v2/alerts``).
+
+    Alertmanager resolves a pushed alert by itself after ``resolve_timeout``
+    (5 min by default) unless it is pushed again, so firing alerts are re-sent
+    every minute; resolves carry ``endsAt``.
+    """
+
+    kind = "alertmanager"
+    send_resolved = True
+    resend_every: float | None = 60.0
+
+    def __init__(
+        self, name: str, *, url: str, session: aiohttp.ClientSession, timeout: float
+    ) -> None:
+        self.name = name
+        self.url = url.rstrip("/") + "/api/v2/alerts"
+        self.session = session
+        self.timeout = timeout
+        self.rate = Rate(per_second=20.0, burst=20)
+
+    async def notify(self, n: Notification) -> None:
+        body = []
+        for a in n.alerts:
+            item: dict[str, Any] = {
+                "labels": dict(a.labels),
+                "annotations": dict(a.annotations),
+                "startsAt": rfc3339(a.starts_at),
+                "generatorURL": n.external_url or "http://watchd/",
+            }
+            if a.ends_at is not None:
+                item["endsAt"] = rfc3339(a.ends_at)
+            body.append(item)
+        who = f"alertmanager receiver {self.name!r}"
+        answer = await post(
+            self.session, self.url, body=dumps(body), headers={}, deadline=self.timeout, who=who
+        )
+        classify_http(answer, who=who)

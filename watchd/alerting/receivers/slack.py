@@ -1,0 +1,176 @@
+"""Slack incoming webhooks: a Block Kit message per group, with a ``text`` fallback.
+
+Untrusted strings (chat titles, errors, hints) escape ``&``, ``<`` and ``>``
+only — Slack's mrkdwn control characters — so ``<!channel>`` in a title can
+never ping a channel. Section text is cut below Slack's 3000-character limit
+and a message never exceeds 50 blocks; past ``max_chats`` the rest is a
+"+N more" line. Success is a plain ``ok`` body; Slack's documented error
+strings are permanent (configuration problems) except ``rollup_error``/5xx
+and 429, which are retried (429 with its ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from watchd.alerting.model import Alert
+from watchd.alerting.receivers.base import (
+    Notification,
+    NotifyError,
+    Rate,
+    dumps,
+    post,
+    retry_after,
+)
+
+SECTION_LIMIT = 3000
+MAX_BLOCKS = 50
+TEXT_LIMIT = 3000
+PERMANENT = {
+    "invalid_payload",
+    "no_text",
+    "channel_not_found",
+    "channel_is_archived",
+    "action_prohibited",
+    "user_not_found",
+    "invalid_token",
+    "no_service",
+    "no_service_id",
+    "no_team",
+    "team_disabled",
+    "posting_to_general_channel_denied",
+    "too_many_attachments",
+    "invalid_blocks",
+    "invalid_blocks_format",
+}
+
+
+def escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _line(a: Alert) -> str:
+    ann, lab = a.annotations, a.labels
+    title = escape(ann.get("title") or ann.get("summary") or lab.get("alertname", "alert"))
+    link = ann.get("link", "")
+    # A link's URL must not contain '|' or '>' (it would break out of the <url|text> form).
+    head = (
+        f"<{link}|{cut(title, 150)}>"
+        if link and not any(c in link for c in "|<> ")
+        else f"*{cut(title, 150)}*"
+    )
+    if lab.get("chat_id"):
+        detail = (
+            f"{escape(lab.get('status', ''))} for {escape(ann.get('time_in_status', '?'))}"
+            f" (budget {escape(ann.get('budget', '?'))}) · {escape(lab.get('owner', ''))}"
+        )
+    else:
+        detail = escape(ann.get("summary", ""))
+    if not a.firing:
+        detail = "resolved · " + detail
+    line = f"• {head} — {detail}"
+    if a.firing and ann.get("hint"):
+        line += f"\n   _{escape(cut(ann['hint'], 300))}_"
+    return line
+
+
+def message(n: Notification, *, max_chats: int) -> dict[str, Any]:
+    firing, resolved = n.firing, n.resolved
+    gl = n.group_labels
+    name = escape(gl.get("alertname", "") or n.common_labels().get("alertname", "alerts"))
+    where = ", ".join(escape(f"{k}={v}") for k, v in gl.items() if k != "alertname" and v)
+    head = f"[FIRING:{len(firing)}] {name}" if firing else f"[RESOLVED] {name}"
+    if where:
+        head += f" ({where})"
+    shown = (firing + resolved)[:max_chats]
+    more = len(firing) + len(resolved) - len(shown) + n.truncated
+    blocks: list[dict[str, Any]] = [
+        {
+            "type": "header",
+            "text": {
+                "type": "plain_text",
+                "text": cut(
+                    head.replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"), 150
+                ),
+            },
+        },
+    ]
+    for a in shown:
+        if len(blocks) >= MAX_BLOCKS - 2:
+            more += 1
+            continue
+        blocks.append(
+            {"type": "section", "text": {"type": "mrkdwn", "text": cut(_line(a), SECTION_LIMIT)}}
+        )
+    if more > 0:
+        blocks.append(
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"+{more} more"}]}
+        )
+    if n.external_url:
+        blocks.append(
+            {
+                "type": "context",
+                "elements": [{"type": "mrkdwn", "text": f"<{n.external_url}|watchd status>"}],
+            }
+        )
+    noun = "chat" if len(firing or resolved) == 1 else "chats"
+    text = f"{head}: {len(firing or resolved)} {noun}"
+    return {"text": cut(text, TEXT_LIMIT), "blocks": blocks[:MAX_BLOCKS]}
+
+
+class SlackNotifier:
+    kind = "slack"
+    send_resolved = True
+    resend_every: float | None = None
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        webhook_url: str,
+        session: aiohttp.ClientSession,
+        timeout: float,
+        max_chats: int = 10,
+    ) -> None:
+        self.name = name
+        self._url = webhook_url
+        self.session = session
+        self.timeout = timeout
+        self.max_chats = max_chats
+        # Slack: about one message per second per incoming webhook.
+        self.rate = Rate(per_second=1.0, burst=1)
+
+    async def notify(self, n: Notification) -> None:
+        who = f"slack receiver {self.name!r}"
+        answer = await post(
+            self.session,
+            self._url,
+            body=dumps(message(n, max_chats=self.max_chats)),
+            headers={},
+            deadline=self.timeout,
+            who=who,
+        )
+        body = answer.text.strip()
+        if answer.status == 200 and body == "ok":
+            return
+        if answer.status == 429:
+            raise NotifyError(
+                f"{who}: rate limited (429)",
+                retryable=True,
+                retry_after=retry_after(answer.headers),
+            )
+        code = body.split()[0][:60] if body else f"HTTP {answer.status}"
+        if answer.status >= 500 or code == "rollup_error":
+            raise NotifyError(f"{who}: {code} (HTTP {answer.status})", retryable=True)
+        if code in PERMANENT or 400 <= answer.status < 500:
+            raise NotifyError(
+                f"{who}: {code} (HTTP {answer.status}): check the webhook and its channel",
+                retryable=False,
+            )
+        raise NotifyError(f"{who}: unexpected answer HTTP {answer.status} {code}", retryable=True)

@@ -1,0 +1,153 @@
+"""Silences and inhibition: the two ways an alert is muted.
+
+A silence mutes alerts whose labels match all its matchers during its time
+window; silences come from config and from the runtime API (persisted).
+An inhibition rule mutes a *target* alert while a firing *source* alert
+matches and the two agree on the ``equal`` labels (by default,
+IdentityUnhealthy mutes that identity's ChatStuck/ChatStranded).
+"""
+
+from __future__ import annotations
+
+import secrets as pysecrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from watchd.alerting.model import Alert
+from watchd.config import InhibitRule, SilenceConfig
+from watchd.matchers import Matcher, all_match, parse_matchers
+
+
+@dataclass(frozen=True)
+class Silence:
+    id: str
+    matchers: tuple[Matcher, ...]
+    starts_at: float
+    ends_at: float
+    comment: str = ""
+    created_by: str = ""
+    source: str = "api"  # api | config
+
+    def active(self, now: float) -> bool:
+        return self.starts_at <= now < self.ends_at
+
+    def mutes(self, labels: Mapping[str, str], now: float) -> bool:
+        return self.active(now) and all_match(self.matchers, labels)
+
+    def to_json(self, now: float) -> dict[str, object]:
+        state = "active" if self.active(now) else ("pending" if now < self.starts_at else "expired")
+        return {
+            "id": self.id,
+            "matchers": [str(m) for m in self.matchers],
+            "starts_at": self.starts_at,
+            "ends_at": self.ends_at,
+            "comment": self.comment,
+            "created_by": self.created_by,
+            "source": self.source,
+            "state": state,
+        }
+
+
+def parse_time(value: str, *, field: str) -> float:
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{field}: {value!r} is not an ISO 8601 time") from None
+    if dt.tzinfo is None:
+        raise ValueError(f"{field}: {value!r} needs a timezone (e.g. Z)")
+    return dt.timestamp()
+
+
+def from_config(cfgs: Iterable[SilenceConfig], *, now: float) -> list[Silence]:
+    out = []
+    for i, c in enumerate(cfgs):
+        out.append(
+            Silence(
+                id=f"config-{i}",
+                matchers=parse_matchers(c.matchers),
+                starts_at=parse_time(c.starts_at, field=f"silences.{i}.starts_at")
+                if c.starts_at
+                else now,
+                ends_at=parse_time(c.ends_at, field=f"silences.{i}.ends_at"),
+                comment=c.comment,
+                created_by=c.created_by,
+                source="config",
+            )
+        )
+    return out
+
+
+def silence_from_json(body: dict[str, Any]) -> Silence:
+    """A persisted runtime silence (see :meth:`Silence.to_json`)."""
+    return Silence(
+        id=str(body["id"]),
+        matchers=parse_matchers([str(m) for m in body["matchers"]]),
+        starts_at=float(body["starts_at"]),
+        ends_at=float(body["ends_at"]),
+        comment=str(body.get("comment", "")),
+        created_by=str(body.get("created_by", "")),
+        source="api",
+    )
+
+
+def new_id() -> str:
+    return pysecrets.token_hex(8)
+
+
+class Silencer:
+    """Silences in force; runtime ones are persisted by the caller (see the dispatcher)."""
+
+    def __init__(self, silences: Iterable[Silence] = ()) -> None:
+        self.silences: dict[str, Silence] = {s.id: s for s in silences}
+
+    def add(self, silence: Silence) -> None:
+        self.silences[silence.id] = silence
+
+    def expire(self, silence_id: str, *, now: float) -> Silence | None:
+        s = self.silences.get(silence_id)
+        if s is None:
+            return None
+        ended = Silence(**{**s.__dict__, "ends_at": min(s.ends_at, now)})
+        self.silences[silence_id] = ended
+        return ended
+
+    def muted_by(self, labels: Mapping[str, str], now: float) -> list[str]:
+        return [s.id for s in self.silences.values() if s.mutes(labels, now)]
+
+    def gc(self, now: float, *, keep: float = 86400.0) -> None:
+        """Forget silences expired for longer than ``keep``."""
+        for sid in [sid for sid, s in self.silences.items() if s.ends_at < now - keep]:
+            del self.silences[sid]
+
+
+@dataclass(frozen=True)
+class Inhibition:
+    source: tuple[Matcher, ...]
+    target: tuple[Matcher, ...]
+    equal: tuple[str, ...]
+
+
+class Inhibitor:
+    def __init__(self, rules: Iterable[InhibitRule]) -> None:
+        self.rules = [
+            Inhibition(
+                parse_matchers(r.source_matchers), parse_matchers(r.target_matchers), tuple(r.equal)
+            )
+            for r in rules
+        ]
+
+    def inhibited(self, alert: Alert, firing: Iterable[Alert]) -> bool:
+        labels = alert.labels
+        for rule in self.rules:
+            if not all_match(rule.target, labels):
+                continue
+            for src in firing:
+                if src.fingerprint == alert.fingerprint or not src.firing:
+                    continue
+                if all_match(rule.source, src.labels) and all(
+                    src.labels.get(k, "") == labels.get(k, "") for k in rule.equal
+                ):
+                    return True
+        return False
