@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck unit e2e bench sim clean
+.PHONY: run test lint typecheck unit e2e bench sim clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +32,13 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-e2e: $(STAMP)
+system-deps:
+	tests/setup/system-deps
+
+e2e: $(STAMP) system-deps
 	$(BIN)/pytest tests/e2e
 
-test: lint typecheck
+test: lint typecheck system-deps
 	$(BIN)/pytest tests
 
 bench: $(STAMP)

@@ -256,6 +256,20 @@ class RouteConfig(Strict):
     _v = field_validator("matchers")(_check_matchers)
 
 
+def _check_time(value: str | None) -> str | None:
+    from datetime import datetime
+
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not an ISO 8601 time (e.g. 2026-12-01T08:00:00Z)") from None
+    if parsed.tzinfo is None:
+        raise ValueError(f"{value!r} needs a timezone (e.g. a trailing Z)")
+    return value
+
+
 class SilenceConfig(Strict):
     matchers: Matchers
     starts_at: str | None = None
@@ -264,6 +278,7 @@ class SilenceConfig(Strict):
     created_by: str = "config"
 
     _v = field_validator("matchers")(_check_matchers)
+    _t = field_validator("starts_at", "ends_at")(_check_time)
 
 
 class InhibitRule(Strict):

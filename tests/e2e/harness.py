@@ -156,7 +156,10 @@ class DaemonProcess:
             "state_dir": str(state_dir or tmp / "state"),
         }
         for key, value in (extra or {}).items():
-            config[key] = value
+            if isinstance(value, dict) and isinstance(config.get(key), dict):
+                config[key] = {**config[key], **value}  # e.g. server: keep listen
+            else:
+                config[key] = value
         self.config_path = tmp / "watchd.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen[bytes] | None = None

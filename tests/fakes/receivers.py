@@ -23,6 +23,7 @@ class Scripted:
 
     answers: list[tuple[int, str, dict[str, str]]] = field(default_factory=list)
     down: bool = False
+    delay: float = 0.0  # seconds before answering (a slow receiver)
 
     def next(self) -> tuple[int, str, dict[str, str]] | None:
         if self.down:
@@ -32,7 +33,8 @@ class Scripted:
 
 class FakeServer:
     def __init__(self) -> None:
-        self.app = web.Application()
+        # Handlers run to completion even when the client goes away (like a real provider).
+        self.app = web.Application(handler_args={"handler_cancellation": False})
         self.runner: web.AppRunner | None = None
         self.url = ""
         self.script = Scripted()
@@ -146,11 +148,14 @@ class FakePagerDuty(FakeServer):
         return self.url + "/v2/enqueue"
 
     async def enqueue(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        if self.script.delay:
+            # Accepted on the provider's side, answered slowly (the client may be gone).
+            await asyncio.sleep(self.script.delay)
         scripted = self.script.next()
         if scripted is not None:
             status, body, headers = scripted
             return web.Response(status=status, text=body, headers=headers)
-        raw = await request.read()
         if len(raw) > 512 * 1024:
             return web.json_response(
                 {"status": "invalid event", "message": "Event too large"}, status=400

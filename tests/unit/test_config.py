@@ -170,3 +170,19 @@ def test_pagerduty_key_shape(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         resolve_secrets(c)
     assert "32 alphanumeric" in str(err.value) and "short-key-value" not in str(err.value)
+
+
+def test_silence_times_are_validated_at_load() -> None:
+    """A config silence with a zone-less or malformed time is rejected with its path."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            base(
+                silences=[
+                    {"matchers": ['identity="a"'], "ends_at": "2026-12-01 08:00"},
+                    {"matchers": ['identity="a"'], "ends_at": "tomorrow"},
+                ]
+            )
+        )
+    text = "\n".join(err.value.problems)
+    assert "silences.0.ends_at" in text and "timezone" in text
+    assert "silences.1.ends_at" in text

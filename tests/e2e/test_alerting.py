@@ -1,0 +1,340 @@
+"""Alert delivery end to end: the real daemon, the simulator, real or faithful receivers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from tests.e2e.harness import DaemonProcess, SimProcess, eventually, free_port
+from tests.fakes.receivers import FakePagerDuty, FakeSlack, FakeWebhook
+
+StartSim = Callable[..., SimProcess]
+StartDaemon = Callable[..., DaemonProcess]
+FAST_ROUTE = {
+    "group_wait": "1s",
+    "group_interval": "1s",
+    "repeat_interval": "1h",
+    "group_by": ["identity", "alertname", "status"],
+}
+PD_KEY = "R0UT1NGKEY0123456789abcdefABCDEF"
+
+
+def secret(tmp: Path, name: str, value: str) -> str:
+    p = tmp / name
+    p.write_text(value)
+    p.chmod(0o600)
+    return str(p)
+
+
+@pytest.fixture
+async def hook() -> AsyncIterator[FakeWebhook]:
+    h = await FakeWebhook().start()
+    yield h
+    await h.stop()
+
+
+async def run_cli(*cmd: str) -> subprocess.CompletedProcess[str]:
+    """Run a CLI command off the loop (the fake receivers live on it)."""
+    return await asyncio.to_thread(
+        subprocess.run, list(cmd), capture_output=True, text=True, check=True
+    )
+
+
+def posted_chats(hook: FakeWebhook, status: str) -> list[str]:
+    return [
+        a["labels"]["chat_id"]
+        for body in hook.received
+        for a in body["alerts"]
+        if a["status"] == status and "chat_id" in a["labels"]
+    ]
+
+
+async def test_200_stuck_chats_make_a_handful_of_notifications(
+    start_sim: StartSim, start_daemon: StartDaemon, hook: FakeWebhook
+) -> None:
+    """200 chats stuck at once produce a few grouped notifications carrying all 200."""
+    sim = start_sim()
+    for i in range(200):
+        await sim.add_chat("alice", status="running", age=600, title=f"wedged {i}")
+    d = start_daemon(
+        sim,
+        extra={
+            "receivers": [{"name": "hook", "webhook": {"url": hook.hook_url}}],
+            "route": {"receiver": "hook", **FAST_ROUTE, "group_wait": "3s"},
+        },
+    )
+    await d.wait_ready()
+    await eventually(lambda: len(set(posted_chats(hook, "firing"))) == 200, within=20)
+    await asyncio.sleep(2)
+    assert len(hook.received) <= 3, f"{len(hook.received)} notifications for one outage"
+    doc = await d.status()
+    assert doc["counters"]["confirm_listing"] >= 1 and doc["counters"]["confirm_get"] < 20
+
+
+async def test_receiver_down_then_everything_once(
+    start_sim: StartSim, start_daemon: StartDaemon, hook: FakeWebhook
+) -> None:
+    """While the receiver is down nothing is lost; afterwards each change arrives exactly once.
+
+    (The outage is seconds here, not minutes: delivery does not depend on its length,
+    only on flushes retrying until the receiver answers.)"""
+    sim = start_sim()
+    hook.script.down = True
+    d = start_daemon(
+        sim,
+        extra={
+            "receivers": [{"name": "hook", "webhook": {"url": hook.hook_url}}],
+            "route": {"receiver": "hook", **FAST_ROUTE},
+        },
+    )
+    await d.wait_ready()
+    chats = [await sim.add_chat("alice", status="running") for _ in range(3)]
+
+    async def failing() -> bool:
+        return int((await d.status())["receivers"]["hook"]["failed"]) >= 2
+
+    await eventually(failing, within=20)
+    await sim.set_status(chats[0], "waiting")
+    await asyncio.sleep(2)
+    hook.script.down = False
+    await eventually(lambda: len(hook.received) >= 1, within=15)
+    await asyncio.sleep(4)
+    assert len(hook.received) == 1, [b["status"] for b in hook.received]
+    assert sorted(posted_chats(hook, "firing")) == sorted(chats[1:])
+    # As in Alertmanager, the group's notification also carries what resolved meanwhile.
+    assert posted_chats(hook, "resolved") == [chats[0]]
+
+
+async def test_kill9_mid_flush_no_duplicate_page_resolve_arrives(
+    tmp_path: Path, start_sim: StartSim, start_daemon: StartDaemon
+) -> None:
+    """A daemon killed while PagerDuty is answering re-sends on restart under the same
+    dedup_key: one incident, and the resolve still arrives."""
+    pd = await FakePagerDuty().start()
+    try:
+        sim = start_sim()
+        extra = {
+            "receivers": [
+                {
+                    "name": "pager",
+                    "pagerduty": {
+                        "routing_key_file": secret(tmp_path, "pd", PD_KEY),
+                        "url": pd.events_url,
+                    },
+                }
+            ],
+            "route": {"receiver": "pager", **FAST_ROUTE},
+        }
+        pd.script.delay = 3.0
+        d1 = start_daemon(sim, extra=extra)
+        await d1.wait_ready()
+        chat = await sim.add_chat("alice", status="running")
+        await eventually(lambda: d1.firing("ChatStuck"), within=10)
+        await asyncio.sleep(2.0)  # the trigger is in flight now
+        d1.kill9()
+        await eventually(lambda: pd.pages == 1, within=5)
+        pd.script.delay = 0
+        d2 = start_daemon(sim, extra=extra, state_dir=d1.tmp / "state")
+        await d2.wait_ready()
+        await asyncio.sleep(3)
+        assert pd.pages == 1, "restart paged a second time"
+        await sim.set_status(chat, "waiting")
+        await eventually(lambda: pd.resolves == 1, within=10)
+        assert pd.open == {} and pd.rejected == []
+    finally:
+        await pd.stop()
+
+
+async def test_hostile_title_arrives_escaped_in_slack(
+    tmp_path: Path, start_sim: StartSim, start_daemon: StartDaemon
+) -> None:
+    """A chat title full of <!channel> & <script> reaches Slack escaped and accepted."""
+    slack = await FakeSlack().start()
+    try:
+        sim = start_sim()
+        d = start_daemon(
+            sim,
+            extra={
+                "receivers": [
+                    {
+                        "name": "chat",
+                        "slack": {"webhook_url_file": secret(tmp_path, "slack", slack.webhook_url)},
+                    }
+                ],
+                "route": {"receiver": "chat", **FAST_ROUTE},
+            },
+        )
+        await d.wait_ready()
+        await sim.add_chat("alice", status="running", title="<!channel> & <script>x</script>")
+        await eventually(lambda: slack.received, within=15)
+        text = json.dumps(slack.received[0])
+        assert "&lt;!channel&gt; &amp; &lt;script&gt;" in text and "<!channel>" not in text
+        assert slack.rejected == []
+        d.terminate()
+        assert "XXXXXXXX" not in d.logs(), "the webhook URL (a secret) leaked into logs"
+    finally:
+        await slack.stop()
+
+
+async def test_silence_api_and_cli(
+    tmp_path: Path, start_sim: StartSim, start_daemon: StartDaemon, hook: FakeWebhook
+) -> None:
+    """`watchd silence add` mutes matching alerts until `expire`; the API needs the token."""
+    sim = start_sim()
+    token_file = secret(tmp_path, "admin", "admin-token-1234567890")
+    d = start_daemon(
+        sim,
+        extra={
+            "receivers": [{"name": "hook", "webhook": {"url": hook.hook_url}}],
+            "route": {"receiver": "hook", **FAST_ROUTE},
+            "server": {"admin_token_file": token_file},
+        },
+    )
+    await d.wait_ready()
+    cli = [sys.executable, "-m", "watchd", "silence", "-c", str(d.config_path)]
+    out = await run_cli(
+        *cli, "add", 'identity="team-a"', "--duration", "1h", "--comment", "maintenance"
+    )
+    sid = json.loads(out.stdout)["id"]
+    await sim.add_chat("alice", status="running")
+    await eventually(lambda: d.firing("ChatStuck"), within=10)
+    await asyncio.sleep(2.5)
+    assert hook.received == [], "a silenced alert was delivered"
+    listing = await run_cli(*cli, "list")
+    assert sid in listing.stdout and "maintenance" in listing.stdout
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            f"http://{d.listen}/api/v1/silences", json={"matchers": ['a="b"'], "duration": "1h"}
+        ) as r,
+    ):
+        assert r.status == 401
+    await run_cli(*cli, "expire", sid)
+    await eventually(lambda: hook.received, within=10)
+
+
+async def test_test_alert_command(
+    tmp_path: Path, start_sim: StartSim, start_daemon: StartDaemon, hook: FakeWebhook
+) -> None:
+    """`watchd test-alert` sends a firing and a resolved alert; exit 1 when refused."""
+    sim = start_sim()
+    d = DaemonProcess(
+        tmp_path,
+        sim,
+        identities=[("team-a", "alice")],
+        extra={
+            "receivers": [{"name": "hook", "webhook": {"url": hook.hook_url}}],
+            "route": {"receiver": "hook"},
+        },
+    )
+    cmd = [sys.executable, "-m", "watchd", "test-alert", "hook", "-c", str(d.config_path)]
+    ok = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert [b["status"] for b in hook.received] == ["firing", "resolved"]
+    hook.script.answers.append((404, "no such hook", {}))
+    bad = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True)
+    assert bad.returncode == 1 and "permanent" in bad.stderr
+
+
+# -- a real Alertmanager (Debian's prometheus-alertmanager) --------------------------------
+
+AM_BINARY = "/usr/bin/prometheus-alertmanager"
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[Callable[[str], str]]:
+    """Start a real Alertmanager on loopback, routing to the given webhook URL."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(webhook_url: str) -> str:
+        assert os.path.exists(AM_BINARY), "run tests/setup/system-deps (make test does)"
+        port = free_port()
+        cfg = tmp_path / "alertmanager.yml"
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "route": {
+                        "receiver": "hook",
+                        "group_by": ["identity", "alertname"],
+                        "group_wait": "1s",
+                        "group_interval": "1s",
+                        "repeat_interval": "1h",
+                    },
+                    "receivers": [
+                        {
+                            "name": "hook",
+                            "webhook_configs": [{"url": webhook_url, "send_resolved": True}],
+                        }
+                    ],
+                }
+            )
+        )
+        log = (tmp_path / "am.log").open("wb")
+        procs.append(
+            subprocess.Popen(
+                [
+                    AM_BINARY,
+                    f"--config.file={cfg}",
+                    f"--storage.path={tmp_path / 'am-data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--cluster.listen-address=",
+                ],
+                stdout=log,
+                stderr=log,
+            )
+        )
+        log.close()
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(10)
+
+
+async def test_real_alertmanager_receives_and_resolves(
+    start_sim: StartSim,
+    start_daemon: StartDaemon,
+    hook: FakeWebhook,
+    alertmanager: Callable[[str], str],
+) -> None:
+    """watchd → Alertmanager → Alertmanager's webhook: labels, annotations, then the resolve."""
+    am_url = alertmanager(hook.hook_url)
+
+    async def am_ready() -> bool:
+        try:
+            async with aiohttp.ClientSession() as s, s.get(am_url + "/-/ready") as r:
+                return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await eventually(am_ready, within=20)
+    sim = start_sim()
+    d = start_daemon(
+        sim,
+        extra={
+            "receivers": [{"name": "am", "alertmanager": {"url": am_url}}],
+            "route": {"receiver": "am", **FAST_ROUTE},
+        },
+    )
+    await d.wait_ready()
+    chat = await sim.add_chat("alice", status="running", title="wedged in AM")
+    await eventually(lambda: posted_chats(hook, "firing"), within=20)
+    body = hook.received[0]
+    alert: dict[str, Any] = body["alerts"][0]
+    assert body["version"] == "4" and alert["status"] == "firing"
+    assert alert["labels"]["alertname"] == "ChatStuck"
+    assert alert["labels"]["identity"] == "team-a" and alert["labels"]["chat_id"] == chat
+    assert alert["annotations"]["title"] == "wedged in AM" and alert["annotations"]["hint"]
+    await sim.set_status(chat, "waiting")
+    await eventually(lambda: posted_chats(hook, "resolved") == [chat], within=20)
