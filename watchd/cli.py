@@ -93,8 +93,9 @@ def _hard_exit_timer() -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from watchd.daemon.app import Daemon
 
+    path = _config_path(args.config)
     try:
-        config, secrets = _load(_config_path(args.config))
+        config, secrets = _load(path)
     except ConfigError as exc:
         _print_problems(exc)
         return 2
@@ -109,9 +110,18 @@ def cmd_run(args: argparse.Namespace) -> int:
                 _hard_exit_timer()
             stop.set()
 
+        daemon = Daemon(config, secrets, config_path=path)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig.name)
-        daemon = Daemon(config, secrets)
+        reloading: set[asyncio.Task[bool]] = set()
+
+        def on_hup() -> None:
+            logs.get("watchd").info("signal.received", signal="SIGHUP")
+            task = asyncio.ensure_future(daemon.reload())
+            reloading.add(task)
+            task.add_done_callback(reloading.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
         return await daemon.run(stop)
 
     return asyncio.run(main())

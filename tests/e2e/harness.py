@@ -122,8 +122,11 @@ class DaemonProcess:
         identities: list[tuple[str, str]],
         extra: dict[str, Any] | None = None,
         state_dir: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.tmp = tmp
+        self.sim = sim
+        self.env = env or {}
         self.port = free_port()
         self.listen = f"127.0.0.1:{self.port}"
         secrets = tmp / "secrets"
@@ -161,13 +164,14 @@ class DaemonProcess:
             else:
                 config[key] = value
         self.config_path = tmp / "watchd.yaml"
+        self.config = config
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen[bytes] | None = None
         self.stdout_path = tmp / f"stdout-{self.port}.log"
         self.stderr_path = tmp / f"stderr-{self.port}.log"
 
     def start(self) -> DaemonProcess:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with self.stdout_path.open("ab") as out, self.stderr_path.open("ab") as err:
             self.proc = subprocess.Popen(
                 [
@@ -241,6 +245,27 @@ class DaemonProcess:
             with contextlib.suppress(ValueError):
                 events.append(json.loads(line))
         return events
+
+    def identity_entry(self, name: str, username: str) -> dict[str, Any]:
+        """A config entry for another identity (its token file written)."""
+        token_file = self.tmp / "secrets" / name
+        token_file.write_text(self.sim.token(username) + "\n")
+        token_file.chmod(0o600)
+        return {
+            "name": name,
+            "url": self.sim.url,
+            "token_file": str(token_file),
+            "unhealthy_after": "2s",
+            "labels": {"team": name},
+        }
+
+    def rewrite(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.config_path.write_text(yaml.safe_dump(config))
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
 
     def terminate(self, timeout: float = 15.0) -> int:
         assert self.proc is not None

@@ -288,6 +288,31 @@ class Dispatcher:
             if not any(fp in g.alerts for g in self.groups.values()):
                 self.alerts.pop(fp, None)
 
+    def reconfigure(
+        self, *, route: Route, notifiers: dict[str, Notifier], inhibitor: Inhibitor
+    ) -> None:
+        """A reloaded config: new alerts follow the new tree; groups of receivers that no
+        longer exist are dropped (and counted), the rest finish under their old route."""
+        self.route = route
+        self.inhibitor = inhibitor
+        self.notifiers = notifiers
+        for name, n in notifiers.items():
+            self.stats.setdefault(name, ReceiverStats())
+            self.limiters.setdefault(name, RateLimiter(rate=n.rate.per_second, burst=n.rate.burst))
+        for gid, group in list(self.groups.items()):
+            if gid[0] not in notifiers:
+                if group.task is not None:
+                    group.task.cancel()
+                self.stats[gid[0]].dropped += len(group.alerts)
+                self.db.dispatch_delete(gid[0], group.key, list(group.alerts))
+                del self.groups[gid]
+                log.warning(
+                    "dispatch.receiver_removed",
+                    receiver=gid[0],
+                    group=group.key,
+                    alerts=len(group.alerts),
+                )
+
     # -- shutdown and housekeeping ---------------------------------------------------
 
     async def run(self) -> None:

@@ -102,6 +102,12 @@ class Silencer:
     def __init__(self, silences: Iterable[Silence] = ()) -> None:
         self.silences: dict[str, Silence] = {s.id: s for s in silences}
 
+    def replace_config(self, silences: Iterable[Silence]) -> None:
+        """Swap the config-defined silences (on reload); runtime ones stay."""
+        self.silences = {k: s for k, s in self.silences.items() if s.source != "config"}
+        for s in silences:
+            self.silences[s.id] = s
+
     def add(self, silence: Silence) -> None:
         self.silences[silence.id] = silence
 

@@ -34,7 +34,15 @@ from watchd.alerting.silencing import (
 from watchd.clock import ServerClock
 from watchd.coder.client import CoderClient
 from watchd.coder.transport import RateLimiter, Transport
-from watchd.config import Config, IdentityConfig, ResolvedSecrets
+from watchd.config import (
+    Config,
+    ConfigError,
+    IdentityConfig,
+    ResolvedSecrets,
+    load_config,
+    resolve_secrets,
+)
+from watchd.daemon.notify import SdNotifier
 from watchd.daemon.server import Server
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
@@ -73,7 +81,12 @@ class Daemon:
         events: EventSink | None = None,
         settings: WatchSettings | None = None,
         stdout: TextIO | None = None,
+        config_path: str | None = None,
+        notifier: SdNotifier | None = None,
     ) -> None:
+        self.config_path = config_path
+        self.notifier = notifier or SdNotifier()
+        self.reloads = {"applied": 0, "rejected": 0}
         self.config = config
         self.secrets = secrets
         self.version = __version__
@@ -170,6 +183,7 @@ class Daemon:
             sup.spawn("heartbeat", self._heartbeat, group="core", root=True)
             sup.spawn("detector", self.detector.run, group="core", root=True)
             sup.spawn("state-flusher", self._flush_forever, group="core", root=True)
+            sup.spawn("systemd-notify", self._systemd, group="core", root=True)
             for ident in self.config.identities:
                 self.add_identity(ident)
             stopper = asyncio.create_task(stop.wait())
@@ -184,6 +198,106 @@ class Daemon:
             return code
         finally:
             await self.shutdown()
+
+    def settled(self) -> bool:
+        """Every identity has been seeded, or has conclusively failed its first attempt."""
+        return all(
+            h.seeded_once or h.state in ("auth_failed", "not_found", "unreachable")
+            for h in self.health.values()
+        )
+
+    def status_line(self) -> str:
+        parts = []
+        for name, h in self.health.items():
+            parts.append(f"{name} {h.state}" + (f" ({h.last_list_chats})" if h.ready else ""))
+        return f"{'; '.join(parts)}; {len(self.detector.firing)} alerts firing"
+
+    def progressing(self) -> bool:
+        return time.monotonic() - self.last_beat < 5.0 and not self.supervisor.dead_roots()
+
+    async def _systemd(self) -> None:
+        """READY=1 once settled, STATUS= on change, WATCHDOG=1 while the loop progresses."""
+        n = self.notifier
+        interval = n.watchdog_interval
+        tick = min(0.5, interval / 2) if interval else 0.5
+        announced = False
+        last_status = ""
+        last_ping = 0.0
+        while True:
+            status = self.status_line()
+            if not announced and self.settled():
+                n.ready(status)
+                announced, last_status = True, status
+            elif announced and status != last_status:
+                n.status(status)
+                last_status = status
+            now = time.monotonic()
+            if interval and now - last_ping >= interval and self.progressing():
+                n.watchdog()
+                last_ping = now
+            await asyncio.sleep(tick)
+
+    async def reload(self) -> bool:
+        """SIGHUP: apply a new config; an invalid one keeps the old one running."""
+        self.notifier.reloading()
+        path = self.config_path
+        try:
+            if path is None:
+                raise ConfigError(["no configuration file to reload from"])
+            config = load_config(path)
+            secrets = resolve_secrets(config)
+        except ConfigError as exc:
+            self.reloads["rejected"] += 1
+            log.error(
+                "reload.rejected",
+                problems=exc.problems,
+                note="the previous configuration stays in force",
+            )
+            self.notifier.notify(READY="1", STATUS="reload rejected: " + exc.problems[0][:200])
+            return False
+        old = {i.name: i for i in self.config.identities}
+        new = {i.name: i for i in config.identities}
+        removed = sorted(old.keys() - new.keys())
+        added = sorted(new.keys() - old.keys())
+        changed = sorted(
+            n
+            for n in old.keys() & new.keys()
+            if old[n] != new[n]
+            or self.config.budgets_for(old[n]) != config.budgets_for(new[n])
+            or self.secrets.tokens[n].get_secret_value() != secrets.tokens[n].get_secret_value()
+        )
+        self.config, self.secrets = config, secrets
+        for name in removed:
+            await self.remove_identity(name, forget=True)
+        for name in changed:
+            # Same deployment: keep the chats' clocks and firing alerts; only restart.
+            await self.remove_identity(name, forget=old[name].url != new[name].url)
+            self.add_identity(new[name])
+        for name in added:
+            self.add_identity(new[name])
+        self.route = routing.build(config.route)
+        self.inhibitor = Inhibitor(config.inhibit_rules)
+        self.silencer.replace_config(from_config(config.silences, now=time.time()))
+        if self.dispatcher is not None and self._session is not None:
+            self.dispatcher.reconfigure(
+                route=self.route,
+                inhibitor=self.inhibitor,
+                notifiers=build_all(config, secrets, self._session, stdout=self.stdout),
+            )
+        self.reloads["applied"] += 1
+        log.info("reload.applied", added=added, removed=removed, changed=changed)
+        self.notifier.notify(READY="1", STATUS=self.status_line())
+        return True
+
+    async def remove_identity(self, name: str, *, forget: bool) -> None:
+        await self.supervisor.stop(f"watch:{name}")
+        await self.supervisor.stop(f"reconcile:{name}")
+        await self.detector.unregister(name, reason="identity removed from config", resolve=forget)
+        self.health.pop(name, None)
+        self.watchers.pop(name, None)
+        if forget:
+            self.store.drop_identity(name)
+            self.db.forget_identity(name)
 
     def add_identity(self, ident: IdentityConfig) -> None:
         assert self._session is not None
@@ -254,6 +368,7 @@ class Daemon:
     async def shutdown(self) -> None:
         """Ordered, deadline-bound: intake, watchers, core, state, sessions."""
         t0 = time.monotonic()
+        self.notifier.stopping()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.server.stop(), STOP_DEADLINES["server"])
         hung = await self.supervisor.stop_group("watchers", deadline=STOP_DEADLINES["watchers"])

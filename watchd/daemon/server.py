@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,9 @@ class Server:
         self.app.router.add_get("/api/v1/silences", self.silences_list)
         self.app.router.add_post("/api/v1/silences", self.silences_add)
         self.app.router.add_delete("/api/v1/silences/{id}", self.silences_expire)
+        if os.environ.get("WATCHD_DEBUG_ENDPOINTS") == "1":
+            # For testing probes: wedge the event loop on purpose (never on by default).
+            self.app.router.add_post("/debug/block", self.debug_block)
         self._runner: web.AppRunner | None = None
         self.bound = ""
 
@@ -186,3 +190,8 @@ class Server:
         if ended is None:
             return web.json_response({"error": "no such silence"}, status=404)
         return web.json_response(ended.to_json(time.time()))
+
+    async def debug_block(self, request: web.Request) -> web.Response:
+        seconds = min(float(request.query.get("seconds", "5")), 60.0)
+        time.sleep(seconds)  # deliberately blocks the event loop  # noqa: ASYNC251
+        return web.json_response({"blocked": seconds})

@@ -217,6 +217,12 @@ def metrics_text(d: Daemon) -> str:
         [({}, d.store.overflow)],
     )
     family(
+        "watchd_config_reloads_total",
+        "counter",
+        "SIGHUP reloads by outcome.",
+        [({"outcome": k}, v) for k, v in sorted(d.reloads.items())],
+    )
+    family(
         "watchd_state_pending_writes",
         "gauge",
         "Chat records not yet flushed to disk.",

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
+import structlog
+
 from watchd import logs
 from watchd.alerting.model import Alert, AlertSink, fingerprint
 from watchd.clock import SystemClock, WallClock
@@ -153,13 +155,16 @@ class Detector:
             self._arm(rec)
         self._wake.set()
 
-    async def unregister(self, name: str, *, reason: str) -> None:
-        """Stop watching an identity: its alerts resolve, its timers lapse."""
+    async def unregister(self, name: str, *, reason: str, resolve: bool = True) -> None:
+        """Stop watching an identity: its timers lapse; its alerts resolve unless the
+        identity is only being restarted (``resolve=False``)."""
         w = self.watched.pop(name, None)
         if w and w.task:
             w.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await w.task
+        if not resolve:
+            return
         now = self.wall.now()
         for fp, alert in list(self.firing.items()):
             if alert.labels.get("identity") == name:
@@ -336,6 +341,10 @@ class Detector:
                 await self._verdict(w, rec, key[2])
 
     async def _confirm_one(self, w: Watched, key: tuple[str, str, str]) -> None:
+        with structlog.contextvars.bound_contextvars(identity=key[0], chat_id=key[1]):
+            await self._confirm_one_bound(w, key)
+
+    async def _confirm_one_bound(self, w: Watched, key: tuple[str, str, str]) -> None:
         identity, chat_id, clock = key
         if key in self._firing_clocks:
             return  # queued before its alert fired: nothing left to confirm

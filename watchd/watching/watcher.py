@@ -23,6 +23,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import structlog
+
 from watchd import logs
 from watchd.coder.backoff import Backoff
 from watchd.coder.client import CoderClient
@@ -87,6 +89,7 @@ class IdentityWatcher:
     # -- loop 1: reconnect forever ------------------------------------------------
 
     async def watch_forever(self) -> None:
+        structlog.contextvars.bind_contextvars(identity=self.name)
         s = self.settings
         backoff = Backoff(base=s.backoff_base, cap=s.backoff_cap, rng=self.rng)
         transport = self.client.transport
@@ -244,6 +247,7 @@ class IdentityWatcher:
     # -- reconcile ----------------------------------------------------------------
 
     async def reconcile_forever(self) -> None:
+        structlog.contextvars.bind_contextvars(identity=self.name)
         interval = self.settings.reconcile_interval
         while True:
             await asyncio.sleep(interval * self.rng.uniform(0.9, 1.1))

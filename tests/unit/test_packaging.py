@@ -1,0 +1,124 @@
+"""The systemd unit, the Dockerfile and the Kubernetes manifests, checked by real tools."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from watchd.config import parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def unit_for_this_machine(tmp_path: Path) -> Path:
+    """The shipped unit with ExecStart pointing at this checkout's watchd (verify checks it)."""
+    text = (ROOT / "systemd" / "watchd.service").read_text()
+    unit = tmp_path / "watchd.service"
+    unit.write_text(text.replace("/usr/local/bin/watchd", str(BIN / "watchd")))
+    return unit
+
+
+def test_systemd_unit_verifies_clean(tmp_path: Path) -> None:
+    """`systemd-analyze verify` reports nothing for the unit."""
+    assert shutil.which("systemd-analyze"), "run tests/setup/system-deps (make test does)"
+    r = subprocess.run(
+        ["systemd-analyze", "verify", str(unit_for_this_machine(tmp_path))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0 and r.stderr.strip() == "" and r.stdout.strip() == "", r.stderr
+
+
+def test_systemd_unit_exposure_at_most_2(tmp_path: Path) -> None:
+    """`systemd-analyze security --offline=true` rates the unit's exposure ≤ 2.0."""
+    r = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(unit_for_this_machine(tmp_path))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    m = re.search(r"Overall exposure level for watchd.service: ([0-9.]+)", r.stdout)
+    assert m, r.stdout[-500:] + r.stderr
+    assert float(m.group(1)) <= 2.0
+
+
+def test_systemd_unit_contract() -> None:
+    """Type=notify with a watchdog, DynamicUser, StateDirectory, credentials, reload by HUP."""
+    text = (ROOT / "systemd" / "watchd.service").read_text()
+    for line in [
+        "Type=notify",
+        "WatchdogSec=",
+        "DynamicUser=yes",
+        "StateDirectory=watchd",
+        "LoadCredential=",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "NotifyAccess=main",
+    ]:
+        assert line in text
+
+
+def test_dockerfile_lints_clean_and_is_hardened() -> None:
+    """hadolint passes; multi-stage, numeric non-root USER, HEALTHCHECK, STOPSIGNAL, no gcc."""
+    r = subprocess.run(
+        [str(BIN / "hadolint"), str(ROOT / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    assert len(stages) >= 2
+    final = stages[-1]
+    assert re.search(r"^USER 10001:10001$", final, flags=re.M)
+    assert "HEALTHCHECK" in final and "STOPSIGNAL SIGTERM" in final
+    assert not re.search(r"apt-get install|gcc|build-essential", final)
+
+
+@pytest.mark.parametrize(
+    "manifest", sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_kubernetes_manifests_validate(manifest: Path) -> None:
+    """Each manifest validates strictly against Kubernetes 1.31 schemas."""
+    r = subprocess.run(
+        [str(BIN / "kubernetes-validate"), "--strict", "-k", "1.31.0", str(manifest)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _docs(path: Path) -> list[dict[str, object]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def test_sidecar_shape() -> None:
+    """Native sidecar: startup on /readyz, liveness on /healthz, no readiness probe, non-root."""
+    docs = _docs(ROOT / "deploy" / "kubernetes" / "sidecar.yaml")
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    spec = deploy["spec"]["template"]["spec"]  # type: ignore[index]
+    watchd = spec["initContainers"][0]
+    assert watchd["restartPolicy"] == "Always"
+    assert watchd["startupProbe"]["httpGet"]["path"] == "/readyz"
+    assert watchd["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "readinessProbe" not in watchd
+    assert watchd["securityContext"]["runAsUser"] != 0
+    assert 10 < spec["terminationGracePeriodSeconds"] <= 60
+    assert watchd["resources"]["limits"]["memory"]
+
+
+@pytest.mark.parametrize("manifest", ["sidecar.yaml", "deployment.yaml"])
+def test_embedded_watchd_config_is_valid(manifest: str) -> None:
+    """The watchd.yaml inside each ConfigMap passes watchd's own schema."""
+    docs = _docs(ROOT / "deploy" / "kubernetes" / manifest)
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    parse_config(yaml.safe_load(cm["data"]["watchd.yaml"]))  # type: ignore[index]
