@@ -99,6 +99,15 @@ async def run_demo(*, duration: float, listen: str, out: TextIO) -> int:
             if timer:
                 timer.cancel()
             await sim.stop()
+        spans = daemon.telemetry.by_name
+        if spans:
+            top = ", ".join(f"{n} ×{c}" for n, c in spans.most_common(5))
+            print(
+                f"\nspans from watchd's own traffic: {sum(spans.values())} ({top}); set "
+                "OTEL_EXPORTER_OTLP_ENDPOINT to export them.",
+                file=out,
+                flush=True,
+            )
         d = daemon.detector.counters
         print(
             f"\ndemo over after {time.monotonic() - started:.0f}s: {d['fired']} alerts fired, "

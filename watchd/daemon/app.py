@@ -49,15 +49,41 @@ from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
 from watchd.store.chats import ChatStore
 from watchd.store.persistence import StateDB
-from watchd.telemetry.events import EventSink, NullSink, own_source
+from watchd.telemetry.events import EventSink, EventSource, NullSink, own_source
+from watchd.telemetry.export import SpanExport, build_exporter
+from watchd.telemetry.filesource import FileSource
+from watchd.telemetry.pipeline import SpanPipeline
+from watchd.telemetry.spans import SpanConverter
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
 log = logs.get("watchd.daemon")
 
-STOP_DEADLINES = {"server": 1.0, "watchers": 2.0, "core": 1.0, "flush": 2.0}
+STOP_DEADLINES = {"server": 1.0, "watchers": 2.0, "core": 1.0, "flush": 2.0, "spans": 2.0}
 # How many identities may list at once: after a Coder restart, 50 watchers must not
 # all list in the same second.
 CONCURRENT_LISTINGS = 4
+
+
+def build_telemetry(config: Config) -> SpanPipeline:
+    t = config.telemetry
+    kind = t.exporter_kind(dict(os.environ))
+    exporter = build_exporter(
+        kind=kind, protocol=t.protocol, endpoint=t.endpoint, timeout=t.timeout
+    )
+    export = None
+    if exporter is not None:
+        export = SpanExport(
+            exporter,
+            max_queue_size=t.max_queue_size,
+            schedule_delay=t.schedule_delay,
+            batch_size=t.batch_size,
+        )
+    log.info("telemetry.configured", exporter=kind, protocol=t.protocol)
+    return SpanPipeline(
+        converter=SpanConverter(horizon_ms=int(t.pair_horizon * 1000), max_open=t.max_open_pairs),
+        export=export,
+        queue_size=t.ingest_queue,
+    )
 
 
 class _Pending:
@@ -94,7 +120,11 @@ class Daemon:
         self.last_beat = time.monotonic()
         self.supervisor = Supervisor()
         self.store = ChatStore()
-        self.events: EventSink = events or NullSink()
+        self.telemetry = build_telemetry(config)
+        if events is not None:
+            self.events: EventSink = events
+        else:
+            self.events = self.telemetry.sink if config.telemetry.own_events else NullSink()
         self.settings = settings or WatchSettings(reconcile_interval=config.reconcile_interval)
         self.db = StateDB(state_dir(config) / "watchd.sqlite3")
         loaded = self.store.load(self.db.load_chats())
@@ -121,6 +151,7 @@ class Daemon:
         self.dispatcher: Dispatcher | None = None
         self.health: dict[str, IdentityHealth] = {}
         self.watchers: dict[str, IdentityWatcher] = {}
+        self.file_sources: list[FileSource] = []
         self.server = Server(self, listen=config.server.listen)
         self._session: aiohttp.ClientSession | None = None
         self._gate = asyncio.Semaphore(CONCURRENT_LISTINGS)
@@ -184,6 +215,16 @@ class Daemon:
             sup.spawn("detector", self.detector.run, group="core", root=True)
             sup.spawn("state-flusher", self._flush_forever, group="core", root=True)
             sup.spawn("systemd-notify", self._systemd, group="core", root=True)
+            sup.spawn("spans", self.telemetry.run, group="core", root=True)
+            for i, fs in enumerate(self.config.telemetry.sources):
+                source = FileSource(
+                    fs.path,
+                    source=EventSource(fs.service, fs.instance, fs.agent),
+                    sink=self.telemetry.sink,
+                    from_start=fs.from_start,
+                )
+                self.file_sources.append(source)
+                sup.spawn(f"file-source:{i}", source.run, group="watchers", restart=True)
             for ident in self.config.identities:
                 self.add_identity(ident)
             stopper = asyncio.create_task(stop.wait())
@@ -380,6 +421,8 @@ class Daemon:
                 w.task.cancel()
         if self.dispatcher is not None:
             await self.dispatcher.close(deadline=STOP_DEADLINES["flush"])
+        with contextlib.suppress(Exception):
+            await self.telemetry.close(deadline=STOP_DEADLINES["spans"])
         self.db.close()
         if self._session is not None:
             await self._session.close()

@@ -18,6 +18,7 @@ from watchd.alerting.silencing import Silence, new_id
 from watchd.config import parse_duration
 from watchd.daemon.status import metrics_text, status_document, status_html
 from watchd.matchers import MatcherError, parse_matchers
+from watchd.telemetry.ingest import IngestError, parse_batch
 
 if TYPE_CHECKING:
     from watchd.daemon.app import Daemon
@@ -37,6 +38,14 @@ class Server:
         self.app.router.add_get("/readyz", self.readyz)
         self.app.router.add_get("/status", self.status)
         self.app.router.add_get("/metrics", self.metrics)
+        self.app.router.add_post("/v1/transport-events", self.ingest)
+        self.ingest_counts = {
+            "accepted": 0,
+            "rejected": 0,
+            "unauthorized": 0,
+            "too_large": 0,
+            "refused_full": 0,
+        }
         self.app.router.add_get("/api/v1/silences", self.silences_list)
         self.app.router.add_post("/api/v1/silences", self.silences_add)
         self.app.router.add_delete("/api/v1/silences/{id}", self.silences_expire)
@@ -195,3 +204,42 @@ class Server:
         seconds = min(float(request.query.get("seconds", "5")), 60.0)
         time.sleep(seconds)  # deliberately blocks the event loop  # noqa: ASYNC251
         return web.json_response({"blocked": seconds})
+
+    # -- transport-event ingest ---------------------------------------------------------
+
+    async def ingest(self, request: web.Request) -> web.Response:
+        counts = self.ingest_counts
+        token = self.daemon.secrets.ingest_token
+        if token is not None:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(
+                given.encode(), f"Bearer {token.get_secret_value()}".encode()
+            ):
+                counts["unauthorized"] += 1
+                return web.json_response(
+                    {"error": "missing or wrong bearer token"},
+                    status=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            counts["too_large"] += 1
+            limit = self.daemon.config.server.max_body_bytes
+            return web.json_response({"error": f"body larger than {limit} bytes"}, status=413)
+        try:
+            batch = parse_batch(body, content_type=request.content_type, query=request.query)
+        except (IngestError, UnicodeDecodeError) as exc:
+            counts["rejected"] += 1
+            return web.json_response({"error": str(exc)}, status=400)
+        sink = self.daemon.telemetry.sink
+        if len(batch) > sink.room():
+            counts["refused_full"] += 1
+            sink.dropped += len(batch)
+            return web.json_response(
+                {"error": "event queue full; retry later"}, status=503, headers={"Retry-After": "1"}
+            )
+        for source, event in batch:
+            sink.emit(source, event)
+        counts["accepted"] += 1
+        return web.json_response({"accepted": len(batch)}, status=202)

@@ -69,6 +69,7 @@ def status_document(d: Daemon) -> dict[str, Any]:
             for name, st in (d.dispatcher.stats.items() if d.dispatcher else [])
         },
         "groups": len(d.dispatcher.groups) if d.dispatcher else 0,
+        "telemetry": telemetry_summary(d),
         "counters": dict(det.counters),
         "store": {
             "chats": len(d.store),
@@ -126,6 +127,29 @@ def status_html(doc: dict[str, Any]) -> str:
 <th>time in status</th><th>budget</th><th>clock</th><th>hint</th></tr>
 {"".join(alerts) or no_alerts}</table>
 </body></html>"""
+
+
+def telemetry_summary(d: Daemon) -> dict[str, Any]:
+    t = d.telemetry
+    export = t.export
+    return {
+        "events_accepted": t.sink.accepted,
+        "events_dropped": t.sink.dropped,
+        "event_queue_depth": t.sink.queue.qsize(),
+        "open_pairs": t.converter.open_pairs,
+        "converter": dict(t.converter.counters),
+        "spans_by_name": dict(t.by_name.most_common(20)),
+        "export": None
+        if export is None
+        else {
+            "submitted": export.submitted,
+            "exported": export.exported,
+            "failed": export.failed,
+            "dropped": export.dropped,
+            "in_flight": export.in_flight,
+        },
+        "ingest": dict(d.server.ingest_counts),
+    }
 
 
 def _escape(value: str) -> str:
@@ -228,6 +252,53 @@ def metrics_text(d: Daemon) -> str:
         "Chat records not yet flushed to disk.",
         [({}, d.db.pending if d.db else 0)],
     )
+    t = telemetry_summary(d)
+    family(
+        "watchd_transport_events_total",
+        "counter",
+        "Transport events into the span pipeline, accepted or dropped (queue full).",
+        [
+            ({"outcome": "accepted"}, t["events_accepted"]),
+            ({"outcome": "dropped"}, t["events_dropped"]),
+        ],
+    )
+    family(
+        "watchd_ingest_requests_total",
+        "counter",
+        "Ingest requests by outcome.",
+        [({"outcome": k}, v) for k, v in sorted(t["ingest"].items())],
+    )
+    family(
+        "watchd_event_queue_depth",
+        "gauge",
+        "Transport events waiting for conversion.",
+        [({}, t["event_queue_depth"])],
+    )
+    family(
+        "watchd_span_open_pairs",
+        "gauge",
+        "Requests, connections and segments awaiting their end event.",
+        [({}, t["open_pairs"])],
+    )
+    family(
+        "watchd_span_converter_total",
+        "counter",
+        "Converter activity by kind.",
+        [({"kind": k}, v) for k, v in sorted(t["converter"].items())],
+    )
+    if t["export"] is not None:
+        family(
+            "watchd_spans_total",
+            "counter",
+            "Spans by export outcome.",
+            [({"outcome": k}, t["export"][k]) for k in ("exported", "failed", "dropped")],
+        )
+        family(
+            "watchd_span_export_in_flight",
+            "gauge",
+            "Spans queued for the exporter.",
+            [({}, t["export"]["in_flight"])],
+        )
     if d.dispatcher is not None:
         stats = sorted(d.dispatcher.stats.items())
         family(

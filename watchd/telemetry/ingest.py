@@ -1,0 +1,163 @@
+"""Validating transport-event batches from agents (``POST /v1/transport-events``).
+
+A batch is a JSON envelope ``{"source": {...}, "events": [...]}`` or
+newline-delimited JSON, each line an envelope or a bare event (bare events
+take their sender from the ``service``/``instance``/``agent`` query
+parameters). The whole batch is validated before any of it is accepted; the
+first problem is reported naming its line (NDJSON) or index and its field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from watchd.telemetry.events import EventSource
+
+MAX_EVENTS_PER_BATCH = 10_000
+_NUM = (int, float)
+
+# Required fields per type, and their JSON types (bool excluded from numbers).
+REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
+    "http:request": {"id": (str, int), "method": (str,), "path": (str,)},
+    "http:response": {
+        "id": (str, int),
+        "method": (str,),
+        "path": (str,),
+        "status": (int,),
+        "durationMs": _NUM,
+    },
+    "http:error": {
+        "id": (str, int),
+        "method": (str,),
+        "path": (str,),
+        "message": (str,),
+        "durationMs": _NUM,
+    },
+    "ws:dial": {"chatId": (str,), "attempt": (int,), "url": (str,)},
+    "ws:open": {"chatId": (str,), "attempt": (int,)},
+    "ws:event": {"chatId": (str,), "attempt": (int,)},
+    "ws:close": {"chatId": (str,), "attempt": (int,)},
+    "ws:error": {"chatId": (str,), "attempt": (int,), "message": (str,)},
+    "ws:redial": {
+        "chatId": (str,),
+        "attempt": (int,),
+        "consecutiveFailures": (int,),
+        "maxConsecutiveFailures": (int,),
+        "backoffMs": _NUM,
+    },
+    "segment:start": {"segment": (int,)},
+    "segment:settle": {"segment": (int,), "durationMs": _NUM},
+}
+OPTIONAL: dict[str, tuple[type, ...]] = {
+    "reader": (int,),
+    "chatId": (str,),
+    "code": (int,),
+    "reason": (str,),
+    "ok": (bool,),
+    "status": (str, int),
+    "finishReason": (str,),
+    "error": (dict,),
+    "event": (dict,),
+}
+
+
+class IngestError(ValueError):
+    """A batch that cannot be accepted; the message names where and what."""
+
+
+def _source(obj: Any, where: str) -> EventSource:
+    if not isinstance(obj, dict):
+        raise IngestError(f"{where}.source: expected an object with service and instance")
+    service, instance, agent = obj.get("service"), obj.get("instance"), obj.get("agent")
+    if not isinstance(service, str) or not service.strip():
+        raise IngestError(f"{where}.source.service: required, a non-empty string")
+    if not isinstance(instance, str) or not instance.strip():
+        raise IngestError(f"{where}.source.instance: required, a non-empty string")
+    if agent is not None and not isinstance(agent, str):
+        raise IngestError(f"{where}.source.agent: must be a string")
+    return EventSource(
+        service=service[:200], instance=instance[:200], agent=agent[:200] if agent else None
+    )
+
+
+def check_event(ev: Any, where: str) -> dict[str, Any]:
+    if not isinstance(ev, dict):
+        raise IngestError(f"{where}: expected an event object")
+    kind = ev.get("type")
+    if not isinstance(kind, str):
+        raise IngestError(f"{where}.type: required, a string")
+    if kind not in REQUIRED:
+        raise IngestError(f"{where}.type: unknown event type {kind[:40]!r}")
+    ts = ev.get("timestamp")
+    if not isinstance(ts, _NUM) or isinstance(ts, bool) or ts < 0:
+        raise IngestError(f"{where}.timestamp: required, milliseconds since the epoch")
+    for name, types in REQUIRED[kind].items():
+        value = ev.get(name)
+        if kind == "segment:start" and name == "chatId":
+            continue
+        if value is None or isinstance(value, bool) or not isinstance(value, types):
+            raise IngestError(
+                f"{where}.{name}: required for {kind} ({'/'.join(t.__name__ for t in types)})"
+            )
+    for name, types in OPTIONAL.items():
+        value = ev.get(name)
+        if value is not None and (
+            (isinstance(value, bool) and bool not in types) or not isinstance(value, types)
+        ):
+            raise IngestError(f"{where}.{name}: must be {'/'.join(t.__name__ for t in types)}")
+    return ev
+
+
+def parse_batch(
+    body: bytes, *, content_type: str, query: Mapping[str, str]
+) -> list[tuple[EventSource, dict[str, Any]]]:
+    """All events of a batch with their senders, or IngestError for the first problem."""
+    text = body.decode("utf-8", "strict") if body else ""
+    out: list[tuple[EventSource, dict[str, Any]]] = []
+    if (
+        "ndjson" in content_type
+        or "jsonlines" in content_type
+        or ("\n" in text.strip() and not text.lstrip().startswith('{"source"'))
+    ):
+        fallback: EventSource | None = None
+        if query.get("service") and query.get("instance"):
+            fallback = EventSource(query["service"], query["instance"], query.get("agent"))
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise IngestError(f"line {n}: not JSON ({exc.msg})") from None
+            if isinstance(obj, dict) and "events" in obj:
+                out.extend(_envelope(obj, f"line {n}"))
+            else:
+                if fallback is None:
+                    raise IngestError(
+                        f"line {n}: a bare event needs ?service=…&instance=… (or send envelopes)"
+                    )
+                out.append((fallback, check_event(obj, f"line {n}")))
+            if len(out) > MAX_EVENTS_PER_BATCH:
+                raise IngestError(f"batch: more than {MAX_EVENTS_PER_BATCH} events")
+        if not out:
+            raise IngestError("batch: no events")
+        return out
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise IngestError(f"body: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(obj, dict):
+        raise IngestError("body: expected an object {source, events}")
+    return _envelope(obj, "body")
+
+
+def _envelope(obj: dict[str, Any], where: str) -> list[tuple[EventSource, dict[str, Any]]]:
+    source = _source(obj.get("source"), where)
+    events = obj.get("events")
+    if not isinstance(events, list):
+        raise IngestError(f"{where}.events: expected a list")
+    if len(events) > MAX_EVENTS_PER_BATCH:
+        raise IngestError(f"{where}.events: more than {MAX_EVENTS_PER_BATCH} events")
+    return [(source, check_event(ev, f"{where}.events[{i}]")) for i, ev in enumerate(events)]

@@ -1,0 +1,87 @@
+"""The span pipeline: one bounded queue in, the converter, the exporter out.
+
+Every producer — the ingest endpoint, file sources, watchd's own transport —
+writes into the same :class:`QueueSink`; one consumer task converts and
+exports. Nothing here ever blocks a watcher: a full queue refuses (counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+from watchd import logs
+from watchd.telemetry.events import QueueSink
+from watchd.telemetry.export import SpanExport
+from watchd.telemetry.spans import SpanConverter
+
+log = logs.get("watchd.telemetry")
+
+EXPIRE_EVERY = 5.0
+
+
+class SpanPipeline:
+    def __init__(
+        self, *, converter: SpanConverter, export: SpanExport | None, queue_size: int = 50_000
+    ) -> None:
+        self.sink = QueueSink(maxsize=queue_size)
+        self.converter = converter
+        self.export = export
+        self.by_name: Counter[str] = Counter()
+        self.by_source: Counter[str] = Counter()
+
+    async def run(self) -> None:
+        queue = self.sink.queue
+        last_expire = time.monotonic()
+        while True:
+            try:
+                source, event = await asyncio.wait_for(queue.get(), timeout=EXPIRE_EVERY)
+            except TimeoutError:
+                pass
+            else:
+                self._convert(source, event)
+                # Drain what is already there without yielding per event.
+                for _ in range(min(queue.qsize(), 1000)):
+                    source, event = queue.get_nowait()
+                    self._convert(source, event)
+            now = time.monotonic()
+            if now - last_expire >= EXPIRE_EVERY:
+                last_expire = now
+                for rec in self.converter.expire(int(time.time() * 1000)):
+                    self._emit(rec)
+
+    def _convert(self, source: object, event: object) -> None:
+        try:
+            records = self.converter.feed(source, event)  # type: ignore[arg-type]
+        except Exception:
+            log.exception("span.convert_failed")
+            return
+        for rec in records:
+            self._emit(rec)
+
+    def _emit(self, rec: object) -> None:
+        from watchd.telemetry.spans import SpanRecord
+
+        assert isinstance(rec, SpanRecord)
+        self.by_name[rec.name] += 1
+        self.by_source[rec.source.service] += 1
+        if self.export is not None:
+            self.export.submit(rec)
+
+    def drain(self) -> int:
+        """Convert whatever is queued (shutdown); returns how many events."""
+        n = 0
+        while not self.sink.queue.empty():
+            source, event = self.sink.queue.get_nowait()
+            self._convert(source, event)
+            n += 1
+        return n
+
+    async def close(self, *, deadline: float) -> None:
+        self.drain()
+        if self.export is not None:
+            ok = await asyncio.to_thread(self.export.flush, deadline)
+            if not ok:
+                log.warning("span.flush_incomplete", deadline=deadline)
+            await asyncio.to_thread(self.export.shutdown)
