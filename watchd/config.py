@@ -336,6 +336,89 @@ class DetectionConfig(Strict):
     chat_failed: bool = False
 
 
+class QuotaConfig(Strict):
+    """Workspace-quota headroom per identity (premium deployments)."""
+
+    enabled: bool = True
+    # Quota moves with workspace builds, not chat events; every 5 min keeps the
+    # diagnosis current at one request per identity.
+    interval: Duration = 300.0
+    # Org and user default to the token's own (users/me); set them to watch another.
+    organization: str | None = None
+    user: str = "me"
+    # QuotaLow when budget − consumed drops under this: credits ("20") or percent ("10%").
+    low: str | None = "10%"
+
+    @field_validator("low")
+    @classmethod
+    def _low(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        text = v.strip()
+        number = text[:-1] if text.endswith("%") else text
+        try:
+            if float(number) < 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{v!r} is neither a credit count nor a percentage") from None
+        return text
+
+    def threshold(self, budget: int) -> float | None:
+        if self.low is None or budget < 0:
+            return None
+        if self.low.endswith("%"):
+            return budget * float(self.low[:-1]) / 100.0
+        return float(self.low)
+
+
+SWEEPABLE = frozenset(
+    {"running", "pending", "interrupting", "waiting", "error", "completed", "paused"}
+)
+
+
+class SweepPolicy(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+    # Alert-style labels: identity, owner, status, chat_label_<key>, and identity labels.
+    matchers: Matchers
+    status: list[str]
+    # Time in status (server clock) before the policy applies, e.g. 2h, or 7d for orphans.
+    older_than: Duration
+    # interrupt: stop the run; archive: archive idle chats; interrupt_then_archive: both,
+    # archiving only once the chat settled (waiting/error).
+    action: Literal["interrupt", "archive", "interrupt_then_archive"]
+
+    _v = field_validator("matchers")(_check_matchers)
+
+    @field_validator("status")
+    @classmethod
+    def _status(cls, v: list[str]) -> list[str]:
+        if "requires_action" in v:
+            raise ValueError(
+                "requires_action chats are never swept: the pause may be the only "
+                "record of a committed client-tool effect"
+            )
+        unknown = sorted(set(v) - SWEEPABLE)
+        if unknown or not v:
+            raise ValueError(f"statuses must be among {sorted(SWEEPABLE)} (got {unknown or v})")
+        return v
+
+
+class SweepConfig(Strict):
+    """Opt-in remediation. Off by default; dry-run by default when on."""
+
+    enabled: bool = False
+    dry_run: bool = True
+    interval: Duration = 60.0
+    # Mutations per identity per minute: sweeping must never look like an attack.
+    actions_per_minute: Annotated[int, Field(ge=1, le=600)] = 30
+    concurrency: Annotated[int, Field(ge=1, le=32)] = 2
+    # How long an interrupted chat may take to settle before the sweep gives up on it.
+    settle_timeout: Duration = 120.0
+    # Announcements (ChatSwept) stay firing this long, then resolve.
+    announce_for: Duration = 600.0
+    policies: list[SweepPolicy] = Field(default_factory=list)
+
+
 class FileSourceConfig(Strict):
     path: str
     service: str
@@ -396,6 +479,8 @@ class Config(Strict):
     inhibit_rules: list[InhibitRule] = Field(default_factory=_default_inhibit)
     server: ServerConfig = Field(default_factory=ServerConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    quota: QuotaConfig = Field(default_factory=QuotaConfig)
+    sweep: SweepConfig = Field(default_factory=SweepConfig)
     state_dir: str = "/var/lib/watchd"
     # The link in alerts; the Coder UI shows a chat at {deployment}/agents/{chat_id}.
     chat_link_template: str = "{deployment}/agents/{chat_id}"

@@ -22,6 +22,7 @@ from watchd.config import Config, ResolvedSecrets, format_duration
 from watchd.detection.budgets import alert_name, budget
 from watchd.detection.diagnosis import Facts, hint
 from watchd.store.chats import ChatStore
+from watchd.sweeping import compile_policies, match_policy
 
 # Diagnosis costs up to three requests per chat; past this many stuck chats per
 # identity the scan reports them without a hint rather than hammer Coder.
@@ -35,6 +36,7 @@ class ScanResult:
     chats: int = 0
     error: str = ""
     stuck: list[dict[str, Any]] = field(default_factory=list)
+    sweep: list[dict[str, Any]] = field(default_factory=list)
 
 
 async def scan_identity(
@@ -95,6 +97,25 @@ async def scan_identity(
                 entry["hint"] = f"(diagnosis unavailable: {exc})"
         result.stuck.append(entry)
     result.stuck.sort(key=lambda e: -int(e["time_in_status_seconds"]))
+    policies = compile_policies(config.sweep)
+    for rec in store.records(name):
+        policy = match_policy(policies, rec, now=now, labels=ident.labels)
+        if policy is not None:
+            action = (
+                policy.action
+                if rec.status in ("running", "pending", "interrupting")
+                or policy.action == "archive"
+                else "archive"
+            )
+            result.sweep.append(
+                {
+                    "chat_id": rec.chat_id,
+                    "title": rec.title,
+                    "status": rec.status,
+                    "policy": policy.name,
+                    "would": action,
+                }
+            )
     return result
 
 
@@ -129,4 +150,9 @@ def render(results: list[ScanResult]) -> str:
             )
             if s.get("hint"):
                 lines.append(f"      hint: {s['hint']}")
+        for w in r.sweep:
+            lines.append(
+                f"  sweep would {w['would']:<22} {w['status']:<12} "
+                f"{w['title'][:50]!r} (policy {w['policy']})  {w['chat_id']}"
+            )
     return "\n".join(lines)

@@ -49,11 +49,13 @@ from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
 from watchd.store.chats import ChatStore
 from watchd.store.persistence import StateDB
+from watchd.sweeping import Sweeper
 from watchd.telemetry.events import EventSink, EventSource, NullSink, own_source
 from watchd.telemetry.export import SpanExport, build_exporter
 from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline
 from watchd.telemetry.spans import SpanConverter
+from watchd.watching.quota import QuotaWatcher
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
 log = logs.get("watchd.daemon")
@@ -152,6 +154,20 @@ class Daemon:
         self.health: dict[str, IdentityHealth] = {}
         self.watchers: dict[str, IdentityWatcher] = {}
         self.file_sources: list[FileSource] = []
+        self.sweeper: Sweeper | None = None
+        if config.sweep.enabled:
+            self.sweeper = Sweeper(
+                config=config.sweep,
+                store=self.store,
+                health=self.health,
+                clients=lambda n: self.watchers[n].client if n in self.watchers else None,
+                db=self.db,
+                sink=lambda: self.detector.sink,
+                audit_path=state_dir(config) / "sweep-audit.jsonl",
+                labels=lambda n: next(
+                    (i.labels for i in self.config.identities if i.name == n), {}
+                ),
+            )
         self.server = Server(self, listen=config.server.listen)
         self._session: aiohttp.ClientSession | None = None
         self._gate = asyncio.Semaphore(CONCURRENT_LISTINGS)
@@ -216,6 +232,8 @@ class Daemon:
             sup.spawn("state-flusher", self._flush_forever, group="core", root=True)
             sup.spawn("systemd-notify", self._systemd, group="core", root=True)
             sup.spawn("spans", self.telemetry.run, group="core", root=True)
+            if self.sweeper is not None:
+                sup.spawn("sweep", self.sweeper.run, group="watchers", restart=True)
             for i, fs in enumerate(self.config.telemetry.sources):
                 source = FileSource(
                     fs.path,
@@ -333,6 +351,7 @@ class Daemon:
     async def remove_identity(self, name: str, *, forget: bool) -> None:
         await self.supervisor.stop(f"watch:{name}")
         await self.supervisor.stop(f"reconcile:{name}")
+        await self.supervisor.stop(f"quota:{name}")
         await self.detector.unregister(name, reason="identity removed from config", resolve=forget)
         self.health.pop(name, None)
         self.watchers.pop(name, None)
@@ -384,6 +403,15 @@ class Daemon:
         self.supervisor.spawn(
             f"reconcile:{name}", watcher.reconcile_forever, group="watchers", restart=True
         )
+        if self.config.quota.enabled:
+            quota = QuotaWatcher(
+                health=health,
+                client=client,
+                detector=self.detector,
+                config=self.config.quota,
+                labels=dict(ident.labels),
+            )
+            self.supervisor.spawn(f"quota:{name}", quota.run, group="watchers", restart=True)
 
     @staticmethod
     def _reread_token(ident: IdentityConfig) -> str:

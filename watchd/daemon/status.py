@@ -41,6 +41,13 @@ def status_document(d: Daemon) -> dict[str, Any]:
                 "relists": h.relists,
                 "events": h.events,
                 "server_clock_offset_seconds": round(h.server_clock.offset, 3),
+                "quota": {
+                    "state": h.quota_state,
+                    "budget": h.quota.budget if h.quota else None,
+                    "consumed": h.quota.credits_consumed if h.quota else None,
+                    "headroom": h.quota.headroom if h.quota else None,
+                    "error": h.quota_error,
+                },
             }
         )
     det = d.detector
@@ -70,6 +77,13 @@ def status_document(d: Daemon) -> dict[str, Any]:
         },
         "groups": len(d.dispatcher.groups) if d.dispatcher else 0,
         "telemetry": telemetry_summary(d),
+        "sweep": None
+        if d.sweeper is None
+        else {
+            "dry_run": d.config.sweep.dry_run,
+            "counts": dict(d.sweeper.counts),
+            "recent": list(d.sweeper.recent)[-50:],
+        },
         "counters": dict(det.counters),
         "store": {
             "chats": len(d.store),
@@ -252,6 +266,29 @@ def metrics_text(d: Daemon) -> str:
         "Chat records not yet flushed to disk.",
         [({}, d.db.pending if d.db else 0)],
     )
+    quota = [(n, h.quota) for n, h in ident if h.quota is not None and not h.quota.unlimited]
+    family(
+        "watchd_quota_headroom_credits",
+        "gauge",
+        "Workspace quota budget minus consumed.",
+        [({"identity": n}, float(q.headroom or 0)) for n, q in quota],
+    )
+    family(
+        "watchd_quota_budget_credits",
+        "gauge",
+        "Workspace quota budget.",
+        [({"identity": n}, float(q.budget)) for n, q in quota],
+    )
+    if d.sweeper is not None:
+        family(
+            "watchd_sweep_total",
+            "counter",
+            "Sweep decisions and actions by outcome.",
+            [
+                ({"outcome": k, "dry_run": str(d.config.sweep.dry_run).lower()}, v)
+                for k, v in sorted(d.sweeper.counts.items())
+            ],
+        )
     t = telemetry_summary(d)
     family(
         "watchd_transport_events_total",

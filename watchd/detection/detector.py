@@ -539,6 +539,16 @@ class Detector:
             )
             self._fire(alert, identity=name, chat_id=None)
 
+    # -- alerts raised by other parts of the daemon (QuotaLow) -------------------------
+
+    def raise_alert(self, alert: Alert, *, identity: str) -> None:
+        """Fire an identity-level alert once (persisted like every other)."""
+        if alert.fingerprint not in self.firing:
+            self._fire(alert, identity=identity, chat_id=None)
+
+    def clear_alert(self, fp: str, *, why: str) -> None:
+        self._resolve(fp, at=self.wall.now(), why=why)
+
     # -- firing and resolving -----------------------------------------------------
 
     def _remember(self, alert: Alert) -> None:

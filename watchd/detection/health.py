@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from watchd.clock import ServerClock
+from watchd.coder.models import Quota
 
 STATES = (
     "starting",
@@ -43,6 +44,10 @@ class IdentityHealth:
     malformed: int = 0
     overflow: int = 0
     prefix: str = ""
+    quota: Quota | None = None
+    quota_state: str = "unknown"  # ok | unlimited | unavailable | error | unknown
+    quota_checked: float | None = None  # monotonic
+    quota_error: str = ""
 
     def set_state(self, state: str, *, error: str = "") -> None:
         was_ready = self.ready

@@ -194,6 +194,8 @@ class SimServer:
         r.add_post("/__sim/restart", self.admin_restart)
         r.add_post("/__sim/users/{username}/revoke", self.admin_revoke)
         r.add_post("/__sim/era", self.admin_era)
+        r.add_post("/__sim/users/{username}/quota", self.admin_quota)
+        r.add_post("/__sim/workspaces", self.admin_workspace)
         r.add_post("/__sim/clock", self.admin_clock)
 
     def _era(self, prefix: str, handler: Handler) -> Handler:
@@ -355,6 +357,15 @@ class SimServer:
         return _json(200, self.state.chat_json(chat, single=True))
 
     async def interrupt(self, request: web.Request) -> web.StreamResponse:
+        try:
+            response = await self._interrupt(request)
+        except SimError as exc:
+            self.state.mutations.append(("interrupt", request.match_info["id"], exc.status))
+            raise
+        self.state.mutations.append(("interrupt", request.match_info["id"], response.status))
+        return response
+
+    async def _interrupt(self, request: web.Request) -> web.StreamResponse:
         state = self.state
         chat = self._own_chat(request)
         if not state.faults.chatd_enabled:
@@ -404,6 +415,14 @@ class SimServer:
         return web.Response(status=204)
 
     def _archive(self, chat: SimChat) -> None:
+        try:
+            self._archive_checked(chat)
+        except SimError as exc:
+            self.state.mutations.append(("archive", chat.id, exc.status))
+            raise
+        self.state.mutations.append(("archive", chat.id, 204))
+
+    def _archive_checked(self, chat: SimChat) -> None:
         state = self.state
         if not state.faults.chatd_enabled:
             raise SimError(503, "AI Gateway must be enabled to use chats.")
@@ -617,6 +636,7 @@ class SimServer:
                     for c in s.chats.values()
                 ],
                 "client_data_frames": s.client_data_frames,
+                "mutations": [list(m) for m in s.mutations],
                 "published": s.published,
                 "lost": s.lost,
                 "requests": s.requests,
@@ -634,6 +654,7 @@ class SimServer:
                 for st in body.get("script", [])
             ]
             parent = s.chats[body["parent_id"]] if body.get("parent_id") else None
+            workspace = s.workspaces[body["workspace_id"]] if body.get("workspace_id") else None
             chat = s.add_chat(
                 owner,
                 title=body.get("title", "chat"),
@@ -644,6 +665,8 @@ class SimServer:
                 age=float(body.get("age", 0)),
                 queued_for_capacity=bool(body.get("queued_for_capacity")),
                 progress_every=body.get("progress_every"),
+                workspace=workspace,
+                wedged=bool(body.get("wedged")),
                 publish=bool(body.get("publish", True)),
             )
         except (KeyError, ValueError) as exc:
@@ -700,6 +723,25 @@ class SimServer:
     async def admin_revoke(self, request: web.Request) -> web.StreamResponse:
         self.state.revoke(request.match_info["username"])
         return _json(200, {"ok": True})
+
+    async def admin_quota(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        user = self.state.user(request.match_info["username"])
+        if "budget" in body:
+            user.quota_budget = int(body["budget"])
+        if "consumed" in body:
+            user.credits_consumed = int(body["consumed"])
+        return _json(200, {"budget": user.quota_budget, "consumed": user.credits_consumed})
+
+    async def admin_workspace(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        ws = self.state.add_workspace(
+            self.state.user(body["owner"]),
+            build_status=body.get("build_status", "running"),
+            job_status=body.get("job_status", "succeeded"),
+            error_code=body.get("error_code", ""),
+        )
+        return _json(200, {"id": ws.id})
 
     async def admin_era(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()

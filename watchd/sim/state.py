@@ -101,6 +101,10 @@ class Faults:
     subscribe_fail: bool = False  # the watch handler's pubsub subscribe fails (HTTP 500)
     chatd_enabled: bool = True  # False: mutations answer 503 "AI Gateway must be enabled"
     enterprise: bool = True  # False: quota routes 404 (OSS build)
+    # Pooled admission (PR #27902): at most this many root / subagent chats generate at
+    # once; the rest stay `running`, unowned, queued_for_capacity, without progress.
+    capacity_roots: int | None = None
+    capacity_children: int | None = None
 
 
 @dataclass(eq=False)
@@ -158,6 +162,8 @@ class SimState:
         self.oversize = 0
         self.requests = 0
         self.client_data_frames = 0
+        # Mutations that reached a handler: (method, chat id, outcome status).
+        self.mutations: list[tuple[str, str, int]] = []
         self._rate: dict[tuple[str, str], tuple[float, int]] = {}
         self._message_ids = 1000
         self.drop_watch_requests: asyncio.Queue[int] | None = None
@@ -314,12 +320,40 @@ class SimState:
                 self.publish(chat, "action_required")
         return chat
 
+    def _admit(self, now: float) -> None:
+        """Apply the concurrency cap: the oldest running chats hold the slots."""
+        f = self.faults
+        if f.capacity_roots is None and f.capacity_children is None:
+            return
+        running = sorted(
+            (c for c in self.chats.values() if c.status == "running" and not c.archived),
+            key=lambda c: (c.queued_for_capacity, c.entered_at),
+        )
+        roots = children = 0
+        for chat in running:
+            if chat.parent_id is None:
+                roots += 1
+                over = f.capacity_roots is not None and roots > f.capacity_roots
+            else:
+                children += 1
+                over = f.capacity_children is not None and children > f.capacity_children
+            if over:
+                # Capacity writes do not bump updated_at; the turn has not started.
+                chat.queued_for_capacity = True
+                chat.entered_at = now
+            elif chat.queued_for_capacity:
+                chat.queued_for_capacity = False
+                chat.entered_at = now
+
     def tick(self) -> None:
         """Advance every scripted chat whose step has run its time."""
         now = self.now()
+        self._admit(now)
         for chat in list(self.chats.values()):
             if chat.archived:
                 continue
+            if chat.queued_for_capacity:
+                continue  # waiting for a slot: no progress, no script
             if (
                 chat.status == "running"
                 and chat.progress_every

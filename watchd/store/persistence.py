@@ -36,6 +36,11 @@ CREATE TABLE IF NOT EXISTS dispatch (
   receiver TEXT NOT NULL, group_key TEXT NOT NULL, fingerprint TEXT NOT NULL,
   alert TEXT NOT NULL, PRIMARY KEY (receiver, group_key, fingerprint)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sweep (
+  identity TEXT NOT NULL, chat_id TEXT NOT NULL, policy TEXT NOT NULL, since REAL NOT NULL,
+  state TEXT NOT NULL, attempts INTEGER NOT NULL, updated REAL NOT NULL, detail TEXT,
+  PRIMARY KEY (identity, chat_id, policy)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS silences (id TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS alerts (
   fingerprint TEXT PRIMARY KEY, identity TEXT NOT NULL, chat_id TEXT,
@@ -55,6 +60,18 @@ class StoredAlert:
     annotations: dict[str, str]
     starts_at: float
     ends_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepEntry:
+    identity: str
+    chat_id: str
+    policy: str
+    since: float
+    state: str  # planned | interrupt_sent | interrupted | archived | retry | gave_up
+    attempts: int
+    updated: float
+    detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +230,40 @@ class StateDB:
     def dispatch_load(self) -> list[tuple[str, str, dict[str, Any]]]:
         rows = self._db.execute("SELECT receiver, group_key, alert FROM dispatch").fetchall()
         return [(r, g, json.loads(a)) for r, g, a in rows]
+
+    # -- sweep progress: what was done to which chat, so a restart never acts twice ---
+
+    def sweep_get(self, identity: str, chat_id: str, policy: str) -> SweepEntry | None:
+        row = self._db.execute(
+            "SELECT since, state, attempts, updated, detail FROM sweep "
+            "WHERE identity=? AND chat_id=? AND policy=?",
+            (identity, chat_id, policy),
+        ).fetchone()
+        return None if row is None else SweepEntry(identity, chat_id, policy, *row)
+
+    def sweep_put(self, e: SweepEntry) -> None:
+        with self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO sweep VALUES (?,?,?,?,?,?,?,?)",
+                (
+                    e.identity,
+                    e.chat_id,
+                    e.policy,
+                    e.since,
+                    e.state,
+                    e.attempts,
+                    e.updated,
+                    e.detail,
+                ),
+            )
+
+    def sweep_in_state(self, state: str) -> list[SweepEntry]:
+        rows = self._db.execute(
+            "SELECT identity, chat_id, policy, since, state, attempts, updated, detail "
+            "FROM sweep WHERE state=?",
+            (state,),
+        ).fetchall()
+        return [SweepEntry(*r) for r in rows]
 
     # -- runtime silences -----------------------------------------------------------
 

@@ -291,6 +291,15 @@ class IdentityWatcher:
 
     async def _quota_now(self) -> Quota | None:
         now = time.monotonic()
+        h = self.health
+        if h.quota_state in ("unavailable", "unlimited") and h.quota_checked is not None:
+            return h.quota
+        if (
+            h.quota is not None
+            and h.quota_checked is not None
+            and now - h.quota_checked < 2 * self.settings.quota_ttl
+        ):
+            return h.quota
         if self._quota is not None and now - self._quota[0] < self.settings.quota_ttl:
             return self._quota[1]
         quota = None

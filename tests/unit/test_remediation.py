@@ -1,0 +1,132 @@
+"""Quota thresholds, sweep policy matching, and the simulator's concurrency cap."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from tests.conftest import Sim
+from watchd.coder.models import Chat, ChatId
+from watchd.config import ConfigError, QuotaConfig, SweepConfig, parse_config
+from watchd.store.chats import ChatStore
+from watchd.sweeping import compile_policies, match_policy
+
+
+@pytest.mark.parametrize(
+    ("low", "budget", "threshold"),
+    [("10%", 200, 20.0), ("25", 200, 25.0), ("10%", -1, None), (None, 100, None)],
+)
+def test_quota_threshold(low: str | None, budget: int, threshold: float | None) -> None:
+    """Thresholds are credits or a percentage of the budget; budget -1 has none."""
+    assert QuotaConfig(low=low).threshold(budget) == threshold
+
+
+def test_quota_threshold_validation() -> None:
+    """A threshold that is neither a number nor a percentage is rejected at load."""
+    with pytest.raises(ConfigError, match=r"quota\.low"):
+        parse_config(
+            {
+                "identities": [{"name": "a", "url": "http://x", "token_env": "T"}],
+                "quota": {"low": "lots"},
+            }
+        )
+
+
+def test_policies_can_never_target_requires_action() -> None:
+    """A sweep policy naming requires_action is refused with the reason."""
+    with pytest.raises(ConfigError, match="never swept"):
+        parse_config(
+            {
+                "identities": [{"name": "a", "url": "http://x", "token_env": "T"}],
+                "sweep": {
+                    "policies": [
+                        {
+                            "name": "p",
+                            "status": ["requires_action"],
+                            "older_than": "1h",
+                            "action": "interrupt",
+                        }
+                    ]
+                },
+            }
+        )
+
+
+def test_sweep_is_off_and_dry_by_default() -> None:
+    """Without configuration nothing is swept, and turning it on still only reports."""
+    c = SweepConfig()
+    assert c.enabled is False and c.dry_run is True
+
+
+def test_policy_matching_first_match_wins() -> None:
+    """Status, age on the server clock and label matchers select the first policy."""
+    cfg = SweepConfig.model_validate(
+        {
+            "policies": [
+                {
+                    "name": "orphans",
+                    "status": ["waiting"],
+                    "older_than": "7d",
+                    "action": "archive",
+                    "matchers": ['chat_label_ephemeral="true"'],
+                },
+                {
+                    "name": "wedged",
+                    "status": ["running"],
+                    "older_than": "2h",
+                    "action": "interrupt_then_archive",
+                },
+            ]
+        }
+    )
+    policies = compile_policies(cfg)
+    store = ChatStore()
+    now = 1_800_000_000.0
+    for cid, status, age, labels in [
+        ("run-old", "running", 3 * 3600, ()),
+        ("run-new", "running", 600, ()),
+        ("idle-eph", "waiting", 8 * 86400, (("ephemeral", "true"),)),
+        ("idle-keep", "waiting", 8 * 86400, ()),
+        ("stranded", "requires_action", 10 * 86400, ()),
+    ]:
+        store.observe(
+            "a",
+            Chat(id=ChatId(cid), status=status, updated_at=now - age, labels=labels),
+            now=now,
+            via="listing",
+        )
+    got = {}
+    for rec in store.records("a"):
+        p = match_policy(policies, rec, now=now, labels={})
+        got[rec.chat_id] = p.name if p else None
+    assert got == {
+        "run-old": "wedged",
+        "run-new": None,
+        "idle-eph": "orphans",
+        "idle-keep": None,
+        "stranded": None,
+    }
+
+
+async def test_simulator_concurrency_cap(sim: Sim, session: aiohttp.ClientSession) -> None:
+    """Over the cap, running chats are queued_for_capacity and make no progress until admitted."""
+    alice = sim.state.add_user("alice")
+    sim.state.faults.capacity_roots = 1
+    from watchd.sim.state import Step
+
+    first = sim.state.add_chat(
+        alice, status="running", script=[Step("running", 0.3), Step("waiting")]
+    )
+    second = sim.state.add_chat(
+        alice, status="running", script=[Step("running", 0.3), Step("waiting")]
+    )
+    await asyncio.sleep(0.15)
+    assert (first.queued_for_capacity, second.queued_for_capacity) == (False, True)
+    updated = second.updated_at
+    await asyncio.sleep(0.4)
+    assert first.status == "waiting" and second.queued_for_capacity is False
+    assert second.status == "running" and second.updated_at == updated
+    await asyncio.sleep(0.5)
+    assert second.status == "waiting"

@@ -1,0 +1,115 @@
+"""Workspace-quota headroom per identity, and the QuotaLow alert.
+
+``budget: -1`` means no quota is configured or licensed — not "exhausted".
+A 404 means the route does not exist on this deployment (OSS): said once,
+then quietly remembered. Headroom below the configured threshold fires
+QuotaLow; recovering resolves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from watchd import logs
+from watchd.alerting.model import Alert, fingerprint
+from watchd.coder.client import CoderClient
+from watchd.coder.errors import CoderError, PayloadError
+from watchd.config import QuotaConfig
+from watchd.detection.detector import Detector
+from watchd.detection.health import IdentityHealth
+
+log = logs.get("watchd.quota")
+
+
+class QuotaWatcher:
+    def __init__(
+        self,
+        *,
+        health: IdentityHealth,
+        client: CoderClient,
+        detector: Detector,
+        config: QuotaConfig,
+        labels: dict[str, str],
+    ) -> None:
+        self.health = health
+        self.client = client
+        self.detector = detector
+        self.config = config
+        self.labels = labels
+        self.fp = fingerprint(health.deployment, health.name, "QuotaLow")
+
+    async def run(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(self.config.interval)
+
+    async def check(self) -> None:
+        h = self.health
+        try:
+            org = self.config.organization
+            if org is None:
+                me = await self.client.me()
+                if not me.organization_ids:
+                    self._state("unavailable", "the token's user belongs to no organization")
+                    return
+                org = me.organization_ids[0]
+            quota = await self.client.workspace_quota(org, self.config.user)
+        except (CoderError, PayloadError) as exc:
+            h.quota_error = str(exc)
+            h.quota_state = "error"
+            log.warning("quota.failed", identity=h.name, error=str(exc))
+            return
+        h.quota_checked = time.monotonic()
+        if quota is None:
+            self._state(
+                "unavailable",
+                "workspace quota is not available on this deployment "
+                "(no premium license, or an OSS build)",
+            )
+            self.detector.clear_alert(self.fp, why="quota unavailable")
+            return
+        h.quota = quota
+        h.quota_error = ""
+        if quota.unlimited:
+            self._state("unlimited", "budget -1: no quota configured for this user")
+            self.detector.clear_alert(self.fp, why="no quota")
+            return
+        h.quota_state = "ok"
+        threshold = self.config.threshold(quota.budget)
+        headroom = quota.headroom
+        assert headroom is not None
+        if threshold is not None and headroom < threshold:
+            labels = {
+                **self.labels,
+                "alertname": "QuotaLow",
+                "identity": h.name,
+                "deployment": h.deployment,
+                "severity": "warning",
+                "status": "quota",
+            }
+            self.detector.raise_alert(
+                Alert(
+                    fingerprint=self.fp,
+                    labels=labels,
+                    starts_at=time.time(),
+                    annotations={
+                        "summary": f"Workspace quota for {h.name} is low: {headroom} of "
+                        f"{quota.budget} credits left",
+                        "quota": f"{quota.credits_consumed}/{quota.budget}",
+                        "headroom": str(headroom),
+                        "threshold": self.config.low or "",
+                        "hint": "new workspace builds will fail with INSUFFICIENT_QUOTA: delete "
+                        "idle workspaces (stopping frees only stop-scoped costs) or raise "
+                        "the group allowance; keep fan-out within the headroom",
+                    },
+                ),
+                identity=h.name,
+            )
+        else:
+            self.detector.clear_alert(self.fp, why="quota headroom recovered")
+
+    def _state(self, state: str, message: str) -> None:
+        if self.health.quota_state != state:
+            log.info("quota.state", identity=self.health.name, state=state, note=message)
+        self.health.quota_state = state
