@@ -42,7 +42,7 @@ test: lint typecheck system-deps
 	$(BIN)/pytest tests
 
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

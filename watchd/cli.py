@@ -134,7 +134,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    from watchd.sim.scenarios import SCENARIOS
+    from watchd.sim.scenarios import SCENARIOS, bulk
     from watchd.sim.server import SimServer
     from watchd.sim.state import SimState
 
@@ -147,7 +147,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
             clock_offset=args.clock_offset,
             ping_interval=args.ping_interval,
         )
-        identities = SCENARIOS[args.scenario](state)
+        if args.scenario == "bulk":
+            identities = bulk(
+                state, users=args.users, chats_per_user=args.chats_per_user, status=args.chat_status
+            )
+        else:
+            identities = SCENARIOS[args.scenario](state)
         server = SimServer(state)
         url = await server.start(host or "127.0.0.1", int(port or 0))
         print(
@@ -254,7 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("sim", help="the Coder simulator alone")
     sim.add_argument("--listen", default="127.0.0.1:7080")
-    sim.add_argument("--scenario", default="demo", choices=["empty", "demo", "fleet"])
+    sim.add_argument("--scenario", default="demo", choices=["empty", "demo", "fleet", "bulk"])
+    sim.add_argument("--users", type=int, default=50, help="bulk scenario: users")
+    sim.add_argument("--chats-per-user", type=int, default=2000, help="bulk scenario")
+    sim.add_argument("--chat-status", default="waiting", help="bulk scenario: every chat's status")
     sim.add_argument("--era", default="E", choices=list("ABCDE"))
     sim.add_argument("--seed", type=int, default=1)
     sim.add_argument(

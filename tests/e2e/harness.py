@@ -52,6 +52,10 @@ class SimProcess:
         clock_offset: float = 0.0,
         ping_interval: float = 15.0,
     ) -> None:
+        sizing: list[str] = []
+        if scenario.startswith("bulk_"):  # bulk_N: N users without chats
+            scenario, users = "bulk", scenario.split("_", 1)[1]
+            sizing = ["--users", users, "--chats-per-user", "0"]
         self.args = [
             sys.executable,
             "-m",
@@ -67,6 +71,7 @@ class SimProcess:
             str(clock_offset),
             "--ping-interval",
             str(ping_interval),
+            *sizing,
         ]
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""

@@ -210,3 +210,15 @@ def _clocks(d: DaemonProcess) -> dict[str, tuple[float, str]]:
         }
     finally:
         db.close()
+
+
+async def test_many_identities_on_one_deployment_all_seed(
+    start_sim: StartSim, start_daemon: StartDaemon
+) -> None:
+    """30 identities on one deployment all seed: long-lived watch sockets must not starve
+    the REST calls of a shared connection pool."""
+    sim = start_sim(scenario="bulk_30")
+    d = start_daemon(sim, identities=[(i["name"], i["username"]) for i in sim.identities])
+    await d.wait_ready(within=30)
+    doc = await d.status()
+    assert len(doc["identities"]) == 30 and all(i["ready"] for i in doc["identities"])

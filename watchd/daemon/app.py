@@ -203,8 +203,11 @@ class Daemon:
         return all(h.seeded_once for h in self.health.values())
 
     async def run(self, stop: asyncio.Event) -> int:
+        # No pool limit: every identity holds one watch socket for good, so a per-host cap
+        # below the identity count would starve REST calls forever. Request concurrency is
+        # bounded per identity by its rate limiter instead.
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=100, limit_per_host=20),
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
         )
         sup = self.supervisor
         try:

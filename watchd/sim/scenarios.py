@@ -120,9 +120,29 @@ def fleet(state: SimState, *, users: int = 3, chats_per_user: int = 50) -> list[
     return out
 
 
+def bulk(
+    state: SimState, *, users: int = 50, chats_per_user: int = 2000, status: str = "waiting"
+) -> list[Identity]:
+    """Sized fleets for benchmarks: every chat in one status, nothing scripted."""
+    out = []
+    for u in range(users):
+        user = state.add_user(f"bulk{u:03d}")
+        for i in range(chats_per_user):
+            state.add_chat(
+                user,
+                title=f"chat {i}",
+                status=status,
+                age=60.0,
+                publish=False,
+                labels={"fleet": "bench"},
+            )
+        out.append(Identity(f"id-{u:03d}", user.username, user.token))
+    return out
+
+
 def _ident(state: SimState, name: str, username: str) -> Identity:
     user = state.add_user(username)
     return Identity(name, username, user.token)
 
 
-SCENARIOS: dict[str, Scenario] = {"empty": empty, "demo": demo, "fleet": fleet}
+SCENARIOS: dict[str, Scenario] = {"empty": empty, "demo": demo, "fleet": fleet, "bulk": bulk}

@@ -18,7 +18,16 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from watchd.sim.state import ACTIVE, ARCHIVABLE, SimChat, SimError, SimState, SimUser, Step
+from watchd.sim.state import (
+    ACTIVE,
+    ARCHIVABLE,
+    SimChat,
+    SimError,
+    SimState,
+    SimUser,
+    Step,
+    iso,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -195,6 +204,7 @@ class SimServer:
         r.add_post("/__sim/users/{username}/revoke", self.admin_revoke)
         r.add_post("/__sim/era", self.admin_era)
         r.add_post("/__sim/users/{username}/quota", self.admin_quota)
+        r.add_post("/__sim/firehose", self.admin_firehose)
         r.add_post("/__sim/workspaces", self.admin_workspace)
         r.add_post("/__sim/clock", self.admin_clock)
 
@@ -723,6 +733,51 @@ class SimServer:
     async def admin_revoke(self, request: web.Request) -> web.StreamResponse:
         self.state.revoke(request.match_info["username"])
         return _json(200, {"ok": True})
+
+    async def admin_firehose(self, request: web.Request) -> web.StreamResponse:
+        """Benchmarks: send ``count`` status_change frames to every watch socket, as fast as
+        the socket takes them. Frames are encoded up front so the producer is cheap."""
+        body = await request.json()
+        count = int(body.get("count", 10_000))
+        chats = max(1, int(body.get("chats", 100)))
+        start = self.state.now()
+        jobs = []
+        for sub, ws in list(self._sockets.items()):
+            user = self.state.users[sub.user_id]
+            ids = [f"{user.id[:8]}-0000-4000-8000-{i:012d}" for i in range(chats)]
+            frames = []
+            for n in range(count):
+                status = "running" if (n // chats) % 2 == 0 else "waiting"
+                ts = iso(start + n * 1e-3)
+                frames.append(
+                    '{"kind":"status_change","chat":{"id":"'
+                    + ids[n % chats]
+                    + '","owner_id":"'
+                    + user.id
+                    + '","title":"bench","status":"'
+                    + status
+                    + '","created_at":"'
+                    + ts
+                    + '","updated_at":"'
+                    + ts
+                    + '","parent_chat_id":null,"root_chat_id":null,"workspace_id":null}}\n'
+                )
+            jobs.append(self._blast(ws, frames))
+        t0 = time.monotonic()
+        await asyncio.gather(*jobs)
+        return _json(
+            200,
+            {
+                "sockets": len(jobs),
+                "frames": count * len(jobs),
+                "seconds": round(time.monotonic() - t0, 3),
+            },
+        )
+
+    @staticmethod
+    async def _blast(ws: web.WebSocketResponse, frames: list[str]) -> None:
+        for frame in frames:
+            await ws.send_str(frame)
 
     async def admin_quota(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()

@@ -1,0 +1,1 @@
+"""watchd's benchmarks: ``make bench`` (never timed tests)."""

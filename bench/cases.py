@@ -1,0 +1,496 @@
+"""The four measurements of issue 8. Each returns rows: (name, value, unit, baseline, ratio)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from bench.procs import Daemon, Sim, wait_for
+
+Row = dict[str, Any]
+
+
+def row(
+    name: str,
+    value: float,
+    unit: str,
+    baseline: float | None = None,
+    baseline_name: str = "",
+    target: str = "",
+) -> Row:
+    ratio = None if not baseline else value / baseline
+    return {
+        "name": name,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_name": baseline_name,
+        "ratio": ratio,
+        "target": target,
+    }
+
+
+# -- 1. watch pipeline throughput ---------------------------------------------------------
+
+
+def throughput(identities: int, per_socket: int) -> list[Row]:
+    sim = Sim("--scenario", "bulk", "--users", str(identities), "--chats-per-user", "0")
+    total = identities * per_socket
+    try:
+        d = Daemon(sim)
+        wait_for(d.ready, within=60)
+        cpu0, ev0 = d.cpu, d.events()
+        t0 = time.monotonic()
+        threading.Thread(
+            target=sim.admin, args=("POST", "/firehose", {"count": per_socket, "chats": 100})
+        ).start()
+        wait_for(lambda: d.events() - ev0 >= total, within=300, step=0.02)
+        wall = time.monotonic() - t0
+        cpu = d.cpu - cpu0
+        d.stop()
+        # Baseline: the same frames into a consumer that only decodes them.
+        tokens = [i["token"] for i in sim.identities]
+        bare = subprocess.Popen(
+            [sys.executable, "-m", "bench.bare_consumer", sim.url, str(total), *tokens],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert bare.stdout is not None
+        assert bare.stdout.readline().strip() == "ready"
+        from bench.procs import cpu_seconds
+
+        bcpu0 = cpu_seconds(bare.pid)
+        t1 = time.monotonic()
+        threading.Thread(
+            target=sim.admin, args=("POST", "/firehose", {"count": per_socket, "chats": 100})
+        ).start()
+        bare.stdout.readline()
+        bwall = time.monotonic() - t1
+        bcpu = cpu_seconds(bare.pid) - bcpu0
+        bare.wait(30)
+        bare.stdout.close()
+    finally:
+        sim.stop()
+    label = f"watch events/s, {identities} identit{'y' if identities == 1 else 'ies'}"
+    return [
+        row(
+            label,
+            total / wall,
+            "events/s",
+            total / bwall,
+            "bare aiohttp decode",
+            "≥ 50 000/s and ≥ 0.5× bare",
+        ),
+        row(
+            f"CPU per event, {identities} id",
+            cpu / total * 1e6,
+            "µs",
+            bcpu / total * 1e6,
+            "bare aiohttp decode",
+        ),
+        row(
+            f"events/s per CPU-second, {identities} id",
+            total / cpu,
+            "events/cpu-s",
+            total / bcpu,
+            "bare aiohttp decode",
+            "≥ 50 000 (one core)",
+        ),
+    ]
+
+
+# -- 2. scale -----------------------------------------------------------------------------
+
+
+def scale(users: int, per_user: int, idle_window: float) -> list[Row]:
+    chats = users * per_user
+    big = Sim("--scenario", "bulk", "--users", str(users), "--chats-per-user", str(per_user))
+    small = Sim("--scenario", "bulk", "--users", str(users), "--chats-per-user", "0")
+    try:
+        extra = {"reconcile_interval": "60s"}
+        d0 = Daemon(small, extra=extra)
+        seed0 = wait_for(d0.ready, within=120)
+        cpu_seed0, rss0 = d0.cpu, d0.rss
+        d1 = Daemon(big, extra=extra)
+        seed1 = wait_for(d1.ready, within=600, step=0.1)
+        cpu_seed1, rss1 = d1.cpu, d1.rss
+        i0, i1 = d0.cpu, d1.cpu
+        time.sleep(idle_window)
+        idle0 = (d0.cpu - i0) / idle_window * 100
+        idle1 = (d1.cpu - i1) / idle_window * 100
+        d0.stop()
+        d1.stop()
+    finally:
+        big.stop()
+        small.stop()
+    return [
+        row(f"seed {chats} chats / {users} ids: wall", seed1, "s", seed0, "same ids, 0 chats"),
+        row(f"seed {chats} chats: daemon CPU", cpu_seed1, "cpu-s", cpu_seed0, "same ids, 0 chats"),
+        row(f"RSS after seeding {chats} chats", rss1, "MB", rss0, "same ids, 0 chats", "≤ 150 MB"),
+        row(
+            "RSS per chat (incremental)",
+            (rss1 - rss0) * 1024 * 1024 / chats,
+            "bytes",
+            None,
+            "",
+            "≤ 1024 B",
+        ),
+        row(
+            f"idle CPU over {idle_window:.0f}s ({chats} chats, reconcile 60s)",
+            idle1,
+            "% of a core",
+            idle0,
+            "same ids, 0 chats",
+            "< 2 %",
+        ),
+    ]
+
+
+def reconcile_cpu(chats: int) -> list[Row]:
+    """The daemon-side work of one full reconcile pass (decode, parse, diff, detector)."""
+    from watchd.clock import ServerClock
+    from watchd.coder.models import flatten, parse_chat
+    from watchd.config import Budgets
+    from watchd.detection.detector import Detector
+    from watchd.detection.health import IdentityHealth
+    from watchd.sim.state import SimState
+
+    state = SimState(seed=1)
+    user = state.add_user("u")
+    for i in range(chats):
+        state.add_chat(
+            user, title=f"c{i}", status="running" if i % 3 else "waiting", age=60, publish=False
+        )
+    pages = [
+        json.dumps([state.chat_json(c) for c in list(state.chats.values())[k : k + 100]])
+        for k in range(0, chats, 100)
+    ]
+
+    class Sink:
+        def put(self, alert: object) -> None:
+            pass
+
+    class Conf:
+        async def get_chat(self, chat_id: str) -> Any: ...
+        async def relist(self) -> None: ...
+        async def facts(self, record: Any) -> Any: ...
+
+    async def run() -> tuple[float, float]:
+        from watchd.store.chats import ChatStore
+
+        store = ChatStore()
+        det = Detector(store=store, sink=Sink())
+        health = IdentityHealth(
+            name="u", deployment="x", server_clock=ServerClock(), unhealthy_after=60
+        )
+        det.register(health, confirmer=Conf(), budgets=Budgets(), labels={})  # type: ignore[arg-type]
+        now = time.time()
+        first = [parse_chat(c) for p in pages for c in json.loads(p)]
+        det.apply("u", store.apply_listing("u", flatten(first), now=now, started=now))
+        c0 = time.process_time()
+        chats_ = [parse_chat(c) for p in pages for c in json.loads(p)]
+        det.apply("u", store.apply_listing("u", flatten(chats_), now=now + 1, started=now + 1))
+        ours = time.process_time() - c0
+        c1 = time.process_time()
+        for p in pages:
+            json.loads(p)
+        bare = time.process_time() - c1
+        await det.unregister("u", reason="bench")
+        return ours, bare
+
+    ours, bare = asyncio.run(run())
+    return [
+        row(
+            f"reconcile pass CPU per chat ({chats} chats)",
+            ours / chats * 1e6,
+            "µs",
+            bare / chats * 1e6,
+            "json.loads of the same pages",
+            "≤ 10 µs",
+        )
+    ]
+
+
+# -- 3. detection latency -----------------------------------------------------------------
+
+
+def detection_latency(chats: int, budget: float) -> list[Row]:
+    from aiohttp import web
+
+    arrivals: dict[str, float] = {}
+    expiry: dict[str, float] = {}
+    done = threading.Event()
+
+    async def hook(request: web.Request) -> web.Response:
+        body = await request.json()
+        now = time.time()
+        for a in body["alerts"]:
+            if a["status"] == "firing" and a["labels"].get("alertname") == "ChatStuck":
+                cid = a["labels"]["chat_id"]
+                arrivals.setdefault(cid, now)
+                since = datetime.fromisoformat(a["annotations"]["since"]).timestamp()
+                expiry[cid] = since + budget
+        if len(arrivals) >= chats:
+            done.set()
+        return web.Response(text="")
+
+    loop = asyncio.new_event_loop()
+    app = web.Application(client_max_size=256 << 20)
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app, access_log=None)
+    loop.run_until_complete(runner.setup())
+    from bench.procs import free_port
+
+    port = free_port()
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    sim = Sim(
+        "--scenario",
+        "bulk",
+        "--users",
+        "1",
+        "--chats-per-user",
+        str(chats),
+        "--chat-status",
+        "running",
+    )
+    try:
+        t0 = time.monotonic()
+        page_url = f"{sim.url}/api/v2/chats?limit=100"
+        token = sim.identities[0]["token"]
+        for _ in range(chats // 100):
+            import urllib.request
+
+            req = urllib.request.Request(page_url, headers={"Coder-Session-Token": token})
+            urllib.request.urlopen(req, timeout=60).read()
+        listing = time.monotonic() - t0
+        d = Daemon(
+            sim,
+            extra={
+                "budgets": {"running": f"{budget}s"},
+                "receivers": [
+                    {"name": "hook", "webhook": {"url": f"http://127.0.0.1:{port}/hook"}}
+                ],
+                "route": {"receiver": "hook", "group_wait": "0s", "group_interval": "1s"},
+            },
+        )
+        done.wait(120 + budget)
+        status = d.get("/status?format=json")
+        d.stop()
+    finally:
+        sim.stop()
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+    lat = sorted(arrivals[c] - expiry[c] for c in arrivals)
+    p50 = statistics.median(lat)
+    p99 = lat[int(len(lat) * 0.99) - 1]
+    c = status["counters"]
+    return [
+        row(
+            f"detection latency p50 ({chats} chats due together)",
+            p50,
+            "s",
+            listing,
+            "one listing of the same chats (confirmation round trip)",
+        ),
+        row(
+            f"detection latency p99 ({chats} chats)",
+            p99,
+            "s",
+            listing,
+            "one listing of the same chats",
+            "< 1 s + confirmation round trip",
+        ),
+        row(
+            "confirmation requests for them",
+            c["confirm_get"] + c["confirm_listing"],
+            "requests",
+            None,
+            "",
+            "within Coder's rate limit",
+        ),
+    ]
+
+
+# -- 4. spans -----------------------------------------------------------------------------
+
+
+def _events(n_turns: int) -> list[dict[str, Any]]:
+    out = []
+    t = 1_764_437_000_000
+    for turn in range(n_turns):
+        chat = f"0b7c0000-0000-4000-8000-{turn:012d}"
+        out += [
+            {"type": "segment:start", "timestamp": t, "segment": turn, "chatId": chat},
+            {
+                "type": "http:request",
+                "timestamp": t + 1,
+                "id": f"r{turn}",
+                "method": "POST",
+                "path": f"/api/v2/chats/{chat}/messages",
+            },
+            {
+                "type": "http:response",
+                "timestamp": t + 20,
+                "id": f"r{turn}",
+                "method": "POST",
+                "path": f"/api/v2/chats/{chat}/messages",
+                "status": 200,
+                "ok": True,
+                "durationMs": 19,
+            },
+            {
+                "type": "ws:dial",
+                "timestamp": t + 21,
+                "chatId": chat,
+                "reader": 1,
+                "attempt": 1,
+                "url": "wss://c/x",
+            },
+            {"type": "ws:open", "timestamp": t + 25, "chatId": chat, "reader": 1, "attempt": 1},
+            *[
+                {
+                    "type": "ws:event",
+                    "timestamp": t + 30 + k,
+                    "chatId": chat,
+                    "reader": 1,
+                    "attempt": 1,
+                    "event": {"type": "message_part"},
+                }
+                for k in range(5)
+            ],
+            {"type": "ws:close", "timestamp": t + 90, "chatId": chat, "reader": 1, "attempt": 1},
+            {
+                "type": "segment:settle",
+                "timestamp": t + 95,
+                "segment": turn,
+                "chatId": chat,
+                "reader": 1,
+                "durationMs": 95,
+                "status": "waiting",
+                "finishReason": "stop",
+            },
+        ]
+        t += 100
+    return out
+
+
+def spans(turns: int) -> list[Row]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from watchd.telemetry.events import EventSource
+    from watchd.telemetry.export import SpanExport
+    from watchd.telemetry.spans import SpanConverter
+
+    class Sink(SpanExporter):
+        def __init__(self) -> None:
+            self.n = 0
+
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            self.n += len(spans)
+            return SpanExportResult.SUCCESS
+
+    events = _events(turns)
+    src = EventSource("bench", "local", None)
+    sink = Sink()
+    export = SpanExport(sink, max_queue_size=1 << 20, schedule_delay=0.05, batch_size=4096)
+    conv = SpanConverter(rng=random.Random(1))
+    c0 = time.process_time()
+    produced = 0
+    for ev in events:
+        for rec in conv.feed(src, ev):
+            export.submit(rec)
+            produced += 1
+    ours = time.process_time() - c0
+    export.flush(30)
+    export.shutdown()
+    base_sink = Sink()
+    provider = TracerProvider()
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            base_sink, max_queue_size=1 << 20, schedule_delay_millis=50, max_export_batch_size=4096
+        )
+    )
+    tracer = provider.get_tracer("bench")
+    c1 = time.process_time()
+    for _ in range(produced):
+        tracer.start_span("x", start_time=1).end(end_time=2)
+    bare = time.process_time() - c1
+    provider.shutdown()
+    return [
+        row(
+            "spans converted+exported per CPU-second",
+            produced / ours,
+            "spans/cpu-s",
+            produced / bare,
+            "SDK bare span creation",
+            "≥ 0.7× SDK",
+        ),
+        row("transport events converted per CPU-second", len(events) / ours, "events/cpu-s", None),
+    ]
+
+
+def ingest_overload(batches: int) -> list[Row]:
+    """Flood the ingest endpoint past a small queue: drops counted, latency, watchers fine."""
+    import urllib.error
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    sim = Sim("--scenario", "bulk", "--users", "1", "--chats-per-user", "0")
+    try:
+        d = Daemon(sim, extra={"telemetry": {"own_events": False, "ingest_queue": 2000}})
+        wait_for(d.ready, within=60)
+        body = json.dumps(
+            {"source": {"service": "b", "instance": "i"}, "events": _events(10)}
+        ).encode()
+        url = f"http://{d.listen}/v1/transport-events"
+
+        def one(_: int) -> tuple[int, float]:
+            req = urllib.request.Request(
+                url, data=body, method="POST", headers={"Content-Type": "application/json"}
+            )
+            t = time.monotonic()
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    code = r.status
+            except urllib.error.HTTPError as exc:
+                code = exc.code
+            return code, time.monotonic() - t
+
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(one, range(batches)))
+        doc = d.get("/status?format=json")
+        ready = doc["identities"][0]["ready"]
+        d.stop()
+    finally:
+        sim.stop()
+    lat = sorted(t for _, t in results)
+    refused = sum(1 for c, _ in results if c == 503)
+    return [
+        row(
+            "ingest p99 latency under flood",
+            lat[int(len(lat) * 0.99) - 1] * 1000,
+            "ms",
+            statistics.median(lat) * 1000,
+            "ingest p50 latency",
+        ),
+        row(
+            "ingest batches refused (503, counted)",
+            refused,
+            "batches",
+            float(batches),
+            "batches sent",
+        ),
+        row("events dropped (counted)", doc["telemetry"]["events_dropped"], "events", None),
+        row("watcher ready during flood", 1.0 if ready else 0.0, "bool", None, "", "1"),
+    ]

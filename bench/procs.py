@@ -1,0 +1,150 @@
+"""Processes under measurement: the simulator, the daemon, a bare consumer; /proc readings."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 600) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read() or b"null")
+
+
+def wait_for(cond: Any, *, within: float, step: float = 0.05) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < within:
+        try:
+            if cond():
+                return time.monotonic() - t0
+        except OSError:
+            pass
+        time.sleep(step)
+    raise TimeoutError(f"not within {within}s")
+
+
+class Sim:
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "watchd", "sim", "--listen", "127.0.0.1:0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        info = json.loads(self.proc.stdout.readline())
+        self.url: str = info["url"]
+        self.identities: list[dict[str, str]] = info["identities"]
+
+    def admin(self, method: str, path: str, body: Any = None) -> Any:
+        return http(method, self.url + "/__sim" + path, body)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+class Daemon:
+    def __init__(self, sim: Sim, *, extra: dict[str, Any] | None = None) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="watchd-bench-"))
+        self.listen = f"127.0.0.1:{free_port()}"
+        idents = []
+        for i in sim.identities:
+            token = self.tmp / i["name"]
+            token.write_text(i["token"])
+            token.chmod(0o600)
+            idents.append(
+                {
+                    "name": i["name"],
+                    "url": sim.url,
+                    "token_file": str(token),
+                    "requests_per_minute": 6000,
+                }
+            )
+        config: dict[str, Any] = {
+            "identities": idents,
+            "server": {"listen": self.listen},
+            "state_dir": str(self.tmp / "state"),
+            "quota": {"enabled": False},
+            "telemetry": {"own_events": False},
+            "reconcile_interval": "10m",
+            "budgets": {"running": "1h", "default": "1h"},
+        }
+        config.update(extra or {})
+        (self.tmp / "watchd.yaml").write_text(yaml.safe_dump(config))
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "watchd",
+                "--log-level",
+                "warning",
+                "run",
+                "-c",
+                str(self.tmp / "watchd.yaml"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def get(self, path: str) -> Any:
+        return http("GET", f"http://{self.listen}{path}", timeout=60)
+
+    def ready(self) -> bool:
+        try:
+            return bool(self.get("/readyz")["ready"])
+        except OSError:
+            return False
+
+    def events(self) -> int:
+        return sum(int(i["events"]) for i in self.get("/status?format=json")["identities"])
+
+    @property
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    @property
+    def rss(self) -> float:
+        return rss_mb(self.proc.pid)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
