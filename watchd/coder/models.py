@@ -54,7 +54,9 @@ class ChatError:
     status_code: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: frozen dataclasses pay object.__setattr__ per field, and this is built once
+# per watch event. Treated as immutable by convention (nothing assigns to a Chat).
+@dataclass(slots=True)
 class Chat:
     id: ChatId
     status: str
@@ -192,7 +194,7 @@ def parse_chat(obj: Any, *, where: str = "chat") -> Chat:
         id=ChatId(chat_id),
         status=status,
         updated_at=parse_time(obj.get("updated_at"), field_name=f"{where}.updated_at"),
-        created_at=parse_time(obj.get("created_at"), field_name=f"{where}.created_at"),
+        # created_at is never used for verdicts; not parsing it halves the cost per chat.
         owner_id=_str(obj, "owner_id"),
         owner_username=_str(obj, "owner_username"),
         organization_id=_str(obj, "organization_id"),

@@ -116,6 +116,7 @@ class Detector:
         self._firing_clocks: dict[tuple[str, str, str], str] = {}
         self.history: deque[Alert] = deque(maxlen=HISTORY)
         self._wake = asyncio.Event()
+        self._next_wake = 0.0  # wall time the loop will look at the heap next
         self._unknown_statuses: set[str] = set()
         self.counters = {
             "fired": 0,
@@ -228,12 +229,18 @@ class Detector:
                     note="treated as active with the default budget",
                 )
             self._arm(rec)
-        self._wake.set()
 
     def _arm(self, rec: ChatRecord) -> None:
         w = self.watched.get(rec.identity)
         if w is None:
             return
+        self._arm_clocks(w, rec)
+        nxt = self.timers.next_deadline()
+        if nxt is not None and nxt < self._next_wake:
+            # Only a deadline earlier than the loop's planned wake-up needs a wake-up.
+            self._wake.set()
+
+    def _arm_clocks(self, w: Watched, rec: ChatRecord) -> None:
         offset = w.health.server_clock.offset
         limit = budget(w.budgets, rec.status)
         key = (rec.identity, rec.chat_id, "status")
@@ -267,6 +274,7 @@ class Detector:
                 self._health_tick()
                 nxt = self.timers.next_deadline()
                 timeout = 1.0 if nxt is None else max(0.0, min(1.0, nxt - now))
+                self._next_wake = now + timeout
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=timeout)

@@ -121,7 +121,12 @@ def fleet(state: SimState, *, users: int = 3, chats_per_user: int = 50) -> list[
 
 
 def bulk(
-    state: SimState, *, users: int = 50, chats_per_user: int = 2000, status: str = "waiting"
+    state: SimState,
+    *,
+    users: int = 50,
+    chats_per_user: int = 2000,
+    status: str = "waiting",
+    age: float = 60.0,
 ) -> list[Identity]:
     """Sized fleets for benchmarks: every chat in one status, nothing scripted."""
     out = []
@@ -132,7 +137,7 @@ def bulk(
                 user,
                 title=f"chat {i}",
                 status=status,
-                age=60.0,
+                age=age,
                 publish=False,
                 labels={"fleet": "bench"},
             )

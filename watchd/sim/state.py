@@ -162,6 +162,9 @@ class SimState:
         self.oversize = 0
         self.requests = 0
         self.client_data_frames = 0
+        # Indexes so listings stay linear: parent → children, root → descendants.
+        self._children: dict[str, list[str]] = {}
+        self._family: dict[str, list[str]] = {}
         # Mutations that reached a handler: (method, chat id, outcome status).
         self.mutations: list[tuple[str, str, int]] = []
         self._rate: dict[tuple[str, str], tuple[float, int]] = {}
@@ -272,6 +275,10 @@ class SimState:
         )
         chat.messages = [self._message(chat, "user", "Please do the thing.")]
         self.chats[cid] = chat
+        if parent is not None:
+            self._children.setdefault(parent.id, []).append(cid)
+            if root != cid:
+                self._family.setdefault(root, []).append(cid)
         if publish:
             self.publish(chat, "created")
         return chat
@@ -395,11 +402,14 @@ class SimState:
     def delete(self, chat_id: str) -> None:
         """Hard delete (retention purge): no watch event."""
         chat = self.chats.pop(chat_id)
-        for child in [c for c in self.chats.values() if c.parent_id == chat.id]:
+        for child in self.children_of(chat.id):
             self.chats.pop(child.id, None)
 
     def family(self, chat: SimChat) -> list[SimChat]:
-        return [c for c in self.chats.values() if chat.id in (c.id, c.root_id)]
+        return [chat, *(self.chats[c] for c in self._family.get(chat.id, ()) if c in self.chats)]
+
+    def children_of(self, chat_id: str) -> list[SimChat]:
+        return [self.chats[c] for c in self._children.get(chat_id, ()) if c in self.chats]
 
     def revoke(self, username: str) -> None:
         user = self.user(username)
@@ -503,8 +513,8 @@ class SimState:
         if embed and self.era.embed_children and chat.parent_id is None:
             body["children"] = [
                 self.chat_json(c, single=False, embed=False)
-                for c in self.chats.values()
-                if c.parent_id == chat.id and c.archived == chat.archived
+                for c in self.children_of(chat.id)
+                if c.archived == chat.archived
             ]
         return body
 

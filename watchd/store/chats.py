@@ -19,7 +19,7 @@ status. Its ``source`` says how we know:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NewType
 
 from watchd.coder.models import Chat, ChatError
@@ -32,7 +32,9 @@ CLOCK_SYNTHESIZED = "synthesized"
 CLOCK_LOWER_BOUND = "lower_bound"
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen for the same reason as coder.models.Chat (one is built per transition);
+# records are replaced, never mutated in place.
+@dataclass(slots=True)
 class ChatRecord:
     identity: str
     chat_id: str
@@ -71,12 +73,15 @@ class ChatStore:
     def __init__(self, *, capacity: int = 1_000_000) -> None:
         self.capacity = capacity
         self._by_identity: dict[str, dict[str, ChatRecord]] = {}
+        self._count = 0
+        # Later sightings of unchanged chats (records are only replaced on change).
+        self._seen: dict[tuple[str, str], float] = {}
         self.overflow = 0
         self.stale_ignored = 0
         self.synthesized = 0
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self._by_identity.values())
+        return self._count
 
     def get(self, identity: str, chat_id: str) -> ChatRecord | None:
         return self._by_identity.get(identity, {}).get(chat_id)
@@ -96,10 +101,15 @@ class ChatStore:
         for rec in records:
             self._by_identity.setdefault(rec.identity, {})[rec.chat_id] = rec
             n += 1
+        self._count = sum(len(v) for v in self._by_identity.values())
         return n
 
     def drop_identity(self, identity: str) -> list[ChatRecord]:
-        return list(self._by_identity.pop(identity, {}).values())
+        dropped = list(self._by_identity.pop(identity, {}).values())
+        self._count -= len(dropped)
+        for rec in dropped:
+            self._seen.pop(rec.key, None)
+        return dropped
 
     # -- observations -------------------------------------------------------------
 
@@ -117,11 +127,15 @@ class ChatStore:
             if old is None:
                 return None
             del recs[chat.id]
+            self._count -= 1
+            self._seen.pop((identity, chat.id), None)
             return Change("tombstone", old, old, reason="archived")
         if kind == "deleted":
             if old is None:
                 return None
             del recs[chat.id]
+            self._count -= 1
+            self._seen.pop((identity, chat.id), None)
             return Change("tombstone", old, old, reason="deleted")
         if (
             old is not None
@@ -144,6 +158,7 @@ class ChatStore:
                 identity, chat, since=min(since, now), clock=clock, now=now, version=1
             )
             recs[chat.id] = rec
+            self._count += 1
             return Change("new", rec, None)
         if chat.status != old.status:
             if via == "watch":
@@ -163,6 +178,14 @@ class ChatStore:
             )
             recs[chat.id] = rec
             return Change("transition", rec, old)
+        if (
+            chat.updated_at == old.updated_at
+            and (not chat.title or chat.title == old.title)
+            and chat.queued_for_capacity in (None, old.queued_for_capacity)
+        ):
+            # Nothing but our sighting moved: keep the record, note when we saw it.
+            self._seen[(identity, chat.id)] = now
+            return None
         rec = self._record(
             identity,
             chat,
@@ -179,6 +202,8 @@ class ChatStore:
         old = self._by_identity.get(identity, {}).pop(chat_id, None)
         if old is None:
             return None
+        self._count -= 1
+        self._seen.pop((identity, chat_id), None)
         return Change("tombstone", old, old, reason=reason)
 
     def apply_listing(
@@ -197,8 +222,11 @@ class ChatStore:
             if change is not None:
                 changes.append(change)
         recs = self._by_identity.get(identity, {})
+        seen = self._seen
         for chat_id in [
-            cid for cid, r in recs.items() if cid not in present and r.seen_at < started
+            cid
+            for cid, r in recs.items()
+            if cid not in present and max(seen.get((identity, cid), 0.0), r.seen_at) < started
         ]:
             gone = self.tombstone(identity, chat_id, reason="vanished")
             if gone is not None:
@@ -218,22 +246,24 @@ class ChatStore:
     ) -> ChatRecord:
         # Older eras' watch payloads are minimal: keep what we knew rather than erase it.
         if previous is not None:
-            return replace(
-                previous,
+            p = previous
+            return ChatRecord(
+                identity=p.identity,
+                chat_id=p.chat_id,
                 status=chat.status,
                 since=since,
                 clock=clock,
-                updated_at=chat.updated_at if chat.updated_at is not None else previous.updated_at,
+                updated_at=chat.updated_at if chat.updated_at is not None else p.updated_at,
                 seen_at=now,
-                owner=chat.owner_username or previous.owner,
-                title=chat.title or previous.title,
-                workspace_id=chat.workspace_id or previous.workspace_id,
-                parent_id=chat.parent_chat_id or previous.parent_id,
-                labels=chat.labels or previous.labels,
+                owner=chat.owner_username or p.owner,
+                title=chat.title or p.title,
+                workspace_id=chat.workspace_id or p.workspace_id,
+                parent_id=chat.parent_chat_id or p.parent_id,
+                labels=chat.labels or p.labels,
                 last_error=chat.last_error if chat.status == "error" else None,
                 queued_for_capacity=chat.queued_for_capacity
                 if chat.queued_for_capacity is not None
-                else previous.queued_for_capacity,
+                else p.queued_for_capacity,
                 version=version,
             )
         return ChatRecord(
