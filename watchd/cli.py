@@ -41,6 +41,15 @@ def _load(path: str) -> tuple[Config, ResolvedSecrets]:
     return config, resolve_secrets(config)
 
 
+def _load_or_report(args: argparse.Namespace) -> tuple[Config, ResolvedSecrets] | None:
+    """The command's config and secrets, or None after printing every problem."""
+    try:
+        return _load(_config_path(args.config))
+    except ConfigError as exc:
+        _print_problems(exc)
+        return None
+
+
 def _print_problems(exc: ConfigError) -> None:
     print("invalid configuration:", file=sys.stderr)
     for p in exc.problems:
@@ -66,11 +75,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_scan(args: argparse.Namespace) -> int:
     from watchd import scanning
 
-    try:
-        config, secrets = _load(_config_path(args.config))
-    except ConfigError as exc:
-        _print_problems(exc)
+    loaded = _load_or_report(args)
+    if loaded is None:
         return 2
+    config, secrets = loaded
     results = asyncio.run(scanning.scan(config, secrets))
     if args.json:
         print(json.dumps({"results": [asdict(r) for r in results]}, indent=1))
@@ -182,11 +190,10 @@ def cmd_sim(args: argparse.Namespace) -> int:
 def cmd_test_alert(args: argparse.Namespace) -> int:
     from watchd import testalert
 
-    try:
-        config, secrets = _load(_config_path(args.config))
-    except ConfigError as exc:
-        _print_problems(exc)
+    loaded = _load_or_report(args)
+    if loaded is None:
         return 2
+    config, secrets = loaded
     if args.receiver not in {r.name for r in config.receivers}:
         print(
             f"no receiver named {args.receiver!r} (have: "
@@ -200,11 +207,10 @@ def cmd_test_alert(args: argparse.Namespace) -> int:
 def cmd_silence(args: argparse.Namespace) -> int:
     from watchd import silencectl
 
-    try:
-        config, secrets = _load(_config_path(args.config))
-    except ConfigError as exc:
-        _print_problems(exc)
+    loaded = _load_or_report(args)
+    if loaded is None:
         return 2
+    config, secrets = loaded
     return asyncio.run(silencectl.run(config, secrets, args))
 
 

@@ -76,6 +76,13 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _exactly_one_ref(model: BaseModel, stem: str) -> None:
+    """A secret is given by exactly one of ``{stem}_file``, ``_env``, ``_credential``."""
+    names = [f"{stem}_{kind}" for kind in ("file", "env", "credential")]
+    if sum(1 for n in names if getattr(model, n)) != 1:
+        raise ValueError(f"give exactly one of {', '.join(names)}")
+
+
 def _http_url(value: str) -> str:
     from urllib.parse import urlsplit
 
@@ -138,9 +145,7 @@ class IdentityConfig(Strict):
 
     @model_validator(mode="after")
     def _one_token(self) -> IdentityConfig:
-        given = [x for x in (self.token_file, self.token_env, self.token_credential) if x]
-        if len(given) != 1:
-            raise ValueError("give exactly one of token_file, token_env, token_credential")
+        _exactly_one_ref(self, "token")
         return self
 
 
@@ -166,11 +171,7 @@ class PagerDutyReceiver(Strict):
 
     @model_validator(mode="after")
     def _one_key(self) -> PagerDutyReceiver:
-        refs = (self.routing_key_file, self.routing_key_env, self.routing_key_credential)
-        if len([x for x in refs if x]) != 1:
-            raise ValueError(
-                "give exactly one of routing_key_file, routing_key_env, routing_key_credential"
-            )
+        _exactly_one_ref(self, "routing_key")
         return self
 
 
@@ -184,11 +185,7 @@ class SlackReceiver(Strict):
 
     @model_validator(mode="after")
     def _one_url(self) -> SlackReceiver:
-        refs = (self.webhook_url_file, self.webhook_url_env, self.webhook_url_credential)
-        if len([x for x in refs if x]) != 1:
-            raise ValueError(
-                "give exactly one of webhook_url_file, webhook_url_env, webhook_url_credential"
-            )
+        _exactly_one_ref(self, "webhook_url")
         return self
 
 

@@ -77,6 +77,28 @@ class _Open:
     last_ns: int = 0
     error: str = ""
 
+    def finish(
+        self,
+        end_ns: int,
+        status: str = "UNSET",
+        description: str = "",
+        links: tuple[SpanLink, ...] = (),
+    ) -> SpanRecord:
+        return SpanRecord(
+            self.trace_id,
+            self.span_id,
+            self.name,
+            self.kind,
+            self.start_ns,
+            max(end_ns, self.start_ns),
+            self.source,
+            self.attributes,
+            status,
+            description,
+            tuple(self.events),
+            links,
+        )
+
 
 def template_path(path: str) -> tuple[str, str | None]:
     """(low-cardinality path with ids templated out and no query, the chat id if any)."""
@@ -167,19 +189,8 @@ class SpanConverter:
     def _unsettled(self, o: _Open, why: str) -> SpanRecord:
         self.counters["unsettled"] += 1
         attrs = {**o.attributes, "coder.unsettled": True, "coder.unsettled.reason": why}
-        return SpanRecord(
-            o.trace_id,
-            o.span_id,
-            o.name,
-            o.kind,
-            o.start_ns,
-            max(o.start_ns, o.last_ns),
-            o.source,
-            attrs,
-            "ERROR",
-            f"no end event ({why})",
-            tuple(o.events),
-        )
+        o.attributes = attrs
+        return o.finish(o.last_ns, "ERROR", f"no end event ({why})")
 
     def expire(self, now_ms: int) -> list[SpanRecord]:
         """Close pairs open longer than the horizon as unsettled ERROR spans."""
@@ -238,20 +249,7 @@ class SpanConverter:
             message = str(ev.get("message", ""))[:300]
             status, description = "ERROR", message
             o.attributes["error.type"] = _error_type(message)
-        return [
-            SpanRecord(
-                o.trace_id,
-                o.span_id,
-                o.name,
-                o.kind,
-                o.start_ns,
-                max(ts, o.start_ns),
-                o.source,
-                o.attributes,
-                status,
-                description,
-            )
-        ]
+        return [o.finish(ts, status, description)]
 
     # -- websocket connections ----------------------------------------------------------
 
@@ -363,21 +361,7 @@ class SpanConverter:
         self._recent.move_to_end(recent_key)
         while len(self._recent) > self.max_open:
             self._recent.popitem(last=False)
-        return [
-            SpanRecord(
-                o.trace_id,
-                o.span_id,
-                o.name,
-                o.kind,
-                o.start_ns,
-                end,
-                o.source,
-                o.attributes,
-                status,
-                description,
-                tuple(o.events),
-            )
-        ]
+        return [o.finish(end, status, description)]
 
     def _ws_redial(self, src: EventSource, ev: Mapping[str, Any], ts: int) -> list[SpanRecord]:
         attrs = {
@@ -474,19 +458,4 @@ class SpanConverter:
                 and c.start_ns <= end
             ):
                 links.append(SpanLink(c.trace_id, c.span_id, {"coder.link": "served_by"}))
-        return [
-            SpanRecord(
-                o.trace_id,
-                o.span_id,
-                o.name,
-                o.kind,
-                o.start_ns,
-                end,
-                o.source,
-                o.attributes,
-                status,
-                description,
-                tuple(o.events),
-                tuple(links),
-            )
-        ]
+        return [o.finish(end, status, description, tuple(links))]
