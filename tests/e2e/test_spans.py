@@ -249,3 +249,29 @@ async def test_file_source_follows_rotation(
     await eventually(lambda: len(otlp.named("chat.segment")) == 2, within=10)
     assert {s.resource["service.name"] for s in otlp.named("chat.segment")} == {"file-agent"}
     assert any(e.get("event") == "file_source.bad_line" for e in d.log_events())
+
+
+async def test_otlp_http_configured_by_otel_env(
+    start_sim: StartSim, start_daemon: StartDaemon
+) -> None:
+    """OTEL_EXPORTER_OTLP_ENDPOINT + _PROTOCOL=http/protobuf alone switch export to OTLP/HTTP."""
+    from tests.fakes.otlp import OtlpHttpReceiver
+
+    receiver = await OtlpHttpReceiver().start()
+    try:
+        sim = start_sim()
+        d = start_daemon(
+            sim,
+            env={
+                "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_BSP_SCHEDULE_DELAY": "200",
+            },
+        )
+        await d.wait_ready()
+        status, _ = await post(d, json.dumps({"source": SOURCE, "events": TURN}))
+        assert status == 202
+        await eventually(lambda: receiver.named("chat.segment"), within=10)
+        assert receiver.named("chat.segment")[0].resource["service.name"] == "billing-agent"
+    finally:
+        await receiver.stop()

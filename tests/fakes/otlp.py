@@ -80,3 +80,46 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
     def named(self, name: str) -> list[ReceivedSpan]:
         with self.lock:
             return [s for s in self.spans if s.name == name]
+
+
+class OtlpHttpReceiver:
+    """OTLP/HTTP: POST /v1/traces with a protobuf ExportTraceServiceRequest."""
+
+    def __init__(self) -> None:
+        from aiohttp import web
+
+        self.grpc_like = OtlpReceiver.__new__(OtlpReceiver)
+        self.grpc_like.spans = []
+        self.grpc_like.requests = 0
+        self.grpc_like.lock = threading.Lock()
+        self.app = web.Application()
+        self.app.router.add_post("/v1/traces", self.traces)
+        self.runner: Any = None
+        self.url = ""
+
+    async def start(self) -> OtlpHttpReceiver:
+        from aiohttp import web
+
+        self.runner = web.AppRunner(self.app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        return self
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+    async def traces(self, request: Any) -> Any:
+        from aiohttp import web
+
+        if request.content_type != "application/x-protobuf":
+            return web.Response(status=415)
+        req = trace_service_pb2.ExportTraceServiceRequest()
+        req.ParseFromString(await request.read())
+        self.grpc_like.Export(req, None)
+        body = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        return web.Response(body=body, content_type="application/x-protobuf")
+
+    def named(self, name: str) -> list[ReceivedSpan]:
+        return self.grpc_like.named(name)

@@ -1,0 +1,73 @@
+"""`watchd scan`: one pass, what would alert, and its exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from tests.e2e.harness import DaemonProcess, SimProcess
+
+StartSim = Callable[..., SimProcess]
+
+
+async def scan(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "watchd", "scan", "-c", str(config), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def test_scan_exit_codes_json_and_sweep_preview(tmp_path: Path, start_sim: StartSim) -> None:
+    """0 when nothing is stuck, 1 with the stuck chats (hint, lower-bound clock, sweep plan)
+    when some are, 2 when an identity cannot be listed."""
+    sim = start_sim()
+    d = DaemonProcess(
+        tmp_path,
+        sim,
+        identities=[("team-a", "alice")],
+        extra={
+            "budgets": {"running": "5m"},
+            "sweep": {
+                "enabled": True,
+                "policies": [
+                    {
+                        "name": "wedged",
+                        "status": ["running"],
+                        "older_than": "10m",
+                        "action": "interrupt_then_archive",
+                    }
+                ],
+            },
+        },
+    )
+    await sim.add_chat("alice", status="running", age=60, title="fresh enough")
+    ok = await scan(d.config_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    stuck = await sim.add_chat("alice", status="running", age=900, title="wedged turn")
+    await sim.add_chat("alice", status="requires_action", age=9000, title="paused")
+    out = await scan(d.config_path, "--json")
+    assert out.returncode == 1, out.stderr
+    (result,) = json.loads(out.stdout)["results"]
+    running = [s for s in result["stuck"] if s["status"] == "running"]
+    assert [s["chat_id"] for s in running] == [stuck]
+    assert running[0]["clock"] == "lower_bound" and running[0]["time_in_status_seconds"] >= 900
+    assert "hint" in running[0]
+    assert [w["chat_id"] for w in result["sweep"]] == [stuck]
+    text = await scan(d.config_path)
+    assert "sweep would interrupt_then_archive" in text.stdout and "wedged turn" in text.stdout
+    assert (await sim.admin("GET", "/state"))["mutations"] == [], "scan must not act"
+    cfg = yaml.safe_load(d.config_path.read_text())
+    await sim.admin("POST", "/users/alice/revoke")
+    d.config_path.write_text(yaml.safe_dump(cfg))
+    bad = await scan(d.config_path)
+    assert bad.returncode == 2 and "COULD NOT SCAN" in bad.stdout
+    assert sim.token("alice") not in bad.stdout + bad.stderr
