@@ -63,8 +63,15 @@ def main() -> None:
         if only and name not in only:
             continue
         t0 = time.monotonic()
-        rows += median_rows([fn() for _ in range(runs)])
+        got = median_rows([fn() for _ in range(runs)])
+        rows += got
         print(f"[{name}: {time.monotonic() - t0:.0f}s]", flush=True)
+        for r in got:
+            print(
+                f"    {r['name']}: {r['value']:.4g} {r['unit']} (baseline {r['baseline']})",
+                flush=True,
+            )
+        write(rows, runs=runs, quick=q)
     print()
     print(f"{'measurement':<58} {'value':>12} {'unit':<13} {'baseline':>12} {'ratio':>7}  target")
     for r in rows:
@@ -74,6 +81,11 @@ def main() -> None:
             f"{r['name'][:58]:<58} {r['value']:>12.4g} {r['unit']:<13} {base:>12} "
             f"{ratio:>7}  {r['target']}"
         )
+    print(f"\nwrote {write(rows, runs=runs, quick=q)}")
+
+
+def write(rows: list[dict[str, Any]], *, runs: int, quick: bool) -> Path:
+    """Results so far (after every case, so a late failure loses nothing)."""
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     meta = {
@@ -81,11 +93,12 @@ def main() -> None:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "runs": runs,
-        "quick": q,
+        "quick": quick,
         "time": time.time(),
     }
-    (out / "latest.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"\nwrote {out / 'latest.json'}")
+    path = out / "latest.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return path
 
 
 if __name__ == "__main__":

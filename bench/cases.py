@@ -283,9 +283,11 @@ def detection_latency(chats: int, budget: float) -> list[Row]:
                 "route": {"receiver": "hook", "group_wait": "0s", "group_interval": "1s"},
             },
         )
-        done.wait(120 + budget)
-        status = d.get("/status?format=json")
-        d.stop()
+        try:
+            done.wait(120 + budget)
+            status = d.get("/status?format=json")
+        finally:
+            d.stop()
     finally:
         sim.stop()
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)

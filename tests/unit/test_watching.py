@@ -268,4 +268,4 @@ async def test_auth_failure_is_contained_and_heals(
         await eventually(lambda: ra.store.get("alice", chat.id) is not None)
         assert "401" in rb.health.last_error
         bob.revoked = False  # the operator rotated the token (here: un-revoked it)
-        await eventually(lambda: rb.health.ready, within=5)
+        await eventually(lambda: rb.health.ready, within=10)

@@ -265,13 +265,13 @@ class Dispatcher:
         return True
 
     def _mute(self, alerts: Iterable[Alert], now: float) -> list[Alert]:
-        firing_all = [a for a in self.alerts.values() if a.firing]
+        inhibited = self.inhibitor.prepare(a for a in self.alerts.values() if a.firing)
         out = []
         for a in alerts:
             if self.silencer.muted_by(a.labels, now):
                 self.muted["silenced"] += 1
                 continue
-            if a.firing and self.inhibitor.inhibited(a, firing_all):
+            if a.firing and inhibited(a):
                 self.muted["inhibited"] += 1
                 continue
             out.append(a)

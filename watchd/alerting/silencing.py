@@ -10,7 +10,7 @@ IdentityUnhealthy mutes that identity's ChatStuck/ChatStranded).
 from __future__ import annotations
 
 import secrets as pysecrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -144,16 +144,30 @@ class Inhibitor:
             for r in rules
         ]
 
-    def inhibited(self, alert: Alert, firing: Iterable[Alert]) -> bool:
-        labels = alert.labels
+    def prepare(self, firing: Iterable[Alert]) -> Callable[[Alert], bool]:
+        """A checker for one flush: sources are matched once and indexed by their ``equal``
+        label values, so checking N targets costs O(N), not O(N × firing)."""
+        indexed: list[tuple[Inhibition, dict[tuple[str, ...], set[str]]]] = []
+        firing = list(firing)
         for rule in self.rules:
-            if not all_match(rule.target, labels):
-                continue
+            by_equal: dict[tuple[str, ...], set[str]] = {}
             for src in firing:
-                if src.fingerprint == alert.fingerprint or not src.firing:
+                if src.firing and all_match(rule.source, src.labels):
+                    key = tuple(src.labels.get(k, "") for k in rule.equal)
+                    by_equal.setdefault(key, set()).add(src.fingerprint)
+            if by_equal:
+                indexed.append((rule, by_equal))
+
+        def check(alert: Alert) -> bool:
+            for rule, by_equal in indexed:
+                if not all_match(rule.target, alert.labels):
                     continue
-                if all_match(rule.source, src.labels) and all(
-                    src.labels.get(k, "") == labels.get(k, "") for k in rule.equal
-                ):
+                fps = by_equal.get(tuple(alert.labels.get(k, "") for k in rule.equal))
+                if fps and (len(fps) > 1 or alert.fingerprint not in fps):
                     return True
-        return False
+            return False
+
+        return check
+
+    def inhibited(self, alert: Alert, firing: Iterable[Alert]) -> bool:
+        return self.prepare(firing)(alert)

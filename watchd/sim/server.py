@@ -339,26 +339,31 @@ class SimServer:
             wanted_labels.append(tuple(raw.split(":", 1)))
         rows = [
             c
-            for c in state.chats.values()
-            if c.owner_id == user.id
-            and c.archived == archived
+            for c in state.chats_of(user.id)
+            if c.archived == archived
             and (not state.era.embed_children or c.parent_id is None)
             and all(c.labels.get(k) == v for k, v in wanted_labels)
             and ("title" not in q or q["title"].lower() in c.title.lower())
         ]
 
-        def order(c: SimChat) -> tuple[int, int, float, str]:
-            pinned = 0 if c.pin_order > 0 else 1
-            return (pinned, c.pin_order, -c.updated_at, "".join(chr(255 - ord(x)) for x in c.id))
+        def order(c: SimChat) -> tuple[int, int, float]:
+            return (0 if c.pin_order > 0 else 1, c.pin_order, -c.updated_at)
 
+        # pinned first, pin_order, updated_at DESC, then id DESC: two stable sorts.
+        rows.sort(key=lambda c: c.id, reverse=True)
         rows.sort(key=order)
         if after:
             cursor = state.chats.get(after)
             if cursor is None:
                 rows = []
             else:
-                key = order(cursor)
-                rows = [c for c in rows if order(c) > key]
+                # Keyset: rows strictly after the cursor's current position in this order.
+                key = (*order(cursor), cursor.id)
+                rows = [
+                    c
+                    for c in rows
+                    if order(c) > key[:3] or (order(c) == key[:3] and c.id < cursor.id)
+                ]
         rows = rows[offset : offset + limit]
         return _json(200, [state.chat_json(c) for c in rows])
 

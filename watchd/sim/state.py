@@ -165,6 +165,7 @@ class SimState:
         # Indexes so listings stay linear: parent → children, root → descendants.
         self._children: dict[str, list[str]] = {}
         self._family: dict[str, list[str]] = {}
+        self._by_owner: dict[str, list[str]] = {}
         # Mutations that reached a handler: (method, chat id, outcome status).
         self.mutations: list[tuple[str, str, int]] = []
         self._rate: dict[tuple[str, str], tuple[float, int]] = {}
@@ -275,6 +276,7 @@ class SimState:
         )
         chat.messages = [self._message(chat, "user", "Please do the thing.")]
         self.chats[cid] = chat
+        self._by_owner.setdefault(owner.id, []).append(cid)
         if parent is not None:
             self._children.setdefault(parent.id, []).append(cid)
             if root != cid:
@@ -407,6 +409,9 @@ class SimState:
 
     def family(self, chat: SimChat) -> list[SimChat]:
         return [chat, *(self.chats[c] for c in self._family.get(chat.id, ()) if c in self.chats)]
+
+    def chats_of(self, owner_id: str) -> list[SimChat]:
+        return [self.chats[c] for c in self._by_owner.get(owner_id, ()) if c in self.chats]
 
     def children_of(self, chat_id: str) -> list[SimChat]:
         return [self.chats[c] for c in self._children.get(chat_id, ()) if c in self.chats]
