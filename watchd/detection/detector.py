@@ -276,8 +276,11 @@ class Detector:
                 timeout = 1.0 if nxt is None else max(0.0, min(1.0, nxt - now))
                 self._next_wake = now + timeout
                 self._wake.clear()
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can turn a cancellation that
+                # races its own timeout into TimeoutError, and this loop would never stop.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
         finally:
             for w in self.watched.values():
                 if w.task:

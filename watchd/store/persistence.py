@@ -96,6 +96,11 @@ class StateDB:
             "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,)
         )
         self._dirty: dict[tuple[str, str], ChatRecord | None] = {}
+        # Alert and group state ride the same once-a-second transaction: a crash re-fires
+        # at most a second's worth, and the notification log (written synchronously after
+        # every send) keeps that from paging twice.
+        self._alerts: dict[str, tuple[Any, ...] | None] = {}
+        self._dispatch: dict[tuple[str, str, str], str | None] = {}
         self.writes = 0
 
     def close(self) -> None:
@@ -112,12 +117,14 @@ class StateDB:
 
     @property
     def pending(self) -> int:
-        return len(self._dirty)
+        return len(self._dirty) + len(self._alerts) + len(self._dispatch)
 
     def flush(self) -> int:
-        if not self._dirty:
+        if not (self._dirty or self._alerts or self._dispatch):
             return 0
         dirty, self._dirty = self._dirty, {}
+        alerts, self._alerts = self._alerts, {}
+        dispatch, self._dispatch = self._dispatch, {}
         upserts = [_row(r) for r in dirty.values() if r is not None]
         deletes = [k for k, r in dirty.items() if r is None]
         with self._tx():
@@ -127,8 +134,25 @@ class StateDB:
                 )
             if deletes:
                 self._db.executemany("DELETE FROM chats WHERE identity=? AND chat_id=?", deletes)
-        self.writes += len(dirty)
-        return len(dirty)
+            self._db.executemany(
+                "INSERT OR REPLACE INTO alerts VALUES (?,?,?,?,?,?,?)",
+                [row for row in alerts.values() if row is not None],
+            )
+            self._db.executemany(
+                "DELETE FROM alerts WHERE fingerprint=?",
+                [(fp,) for fp, row in alerts.items() if row is None],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO dispatch VALUES (?,?,?,?)",
+                [(*k, body) for k, body in dispatch.items() if body is not None],
+            )
+            self._db.executemany(
+                "DELETE FROM dispatch WHERE receiver=? AND group_key=? AND fingerprint=?",
+                [k for k, body in dispatch.items() if body is None],
+            )
+        n = len(dirty) + len(alerts) + len(dispatch)
+        self.writes += n
+        return n
 
     def load_chats(self) -> list[ChatRecord]:
         rows = self._db.execute("SELECT * FROM chats").fetchall()
@@ -142,25 +166,21 @@ class StateDB:
     # -- alerts -------------------------------------------------------------------
 
     def save_alert(self, row: StoredAlert) -> None:
-        with self._tx():
-            self._db.execute(
-                "INSERT OR REPLACE INTO alerts VALUES (?,?,?,?,?,?,?)",
-                (
-                    row.fingerprint,
-                    row.identity,
-                    row.chat_id,
-                    json.dumps(row.labels),
-                    json.dumps(row.annotations),
-                    row.starts_at,
-                    row.ends_at,
-                ),
-            )
+        self._alerts[row.fingerprint] = (
+            row.fingerprint,
+            row.identity,
+            row.chat_id,
+            json.dumps(row.labels),
+            json.dumps(row.annotations),
+            row.starts_at,
+            row.ends_at,
+        )
 
     def delete_alert(self, fingerprint: str) -> None:
-        with self._tx():
-            self._db.execute("DELETE FROM alerts WHERE fingerprint=?", (fingerprint,))
+        self._alerts[fingerprint] = None
 
     def load_alerts(self) -> list[StoredAlert]:
+        self.flush()
         rows = self._db.execute(
             "SELECT fingerprint, identity, chat_id, labels, annotations, starts_at, ends_at "
             "FROM alerts"
@@ -214,20 +234,14 @@ class StateDB:
     def dispatch_save(
         self, receiver: str, group_key: str, fingerprint: str, alert: dict[str, Any]
     ) -> None:
-        with self._tx():
-            self._db.execute(
-                "INSERT OR REPLACE INTO dispatch VALUES (?,?,?,?)",
-                (receiver, group_key, fingerprint, json.dumps(alert)),
-            )
+        self._dispatch[(receiver, group_key, fingerprint)] = json.dumps(alert)
 
     def dispatch_delete(self, receiver: str, group_key: str, fingerprints: Iterable[str]) -> None:
-        with self._tx():
-            self._db.executemany(
-                "DELETE FROM dispatch WHERE receiver=? AND group_key=? AND fingerprint=?",
-                [(receiver, group_key, f) for f in fingerprints],
-            )
+        for f in fingerprints:
+            self._dispatch[(receiver, group_key, f)] = None
 
     def dispatch_load(self) -> list[tuple[str, str, dict[str, Any]]]:
+        self.flush()
         rows = self._db.execute("SELECT receiver, group_key, alert FROM dispatch").fetchall()
         return [(r, g, json.loads(a)) for r, g, a in rows]
 

@@ -36,7 +36,9 @@ class SpanPipeline:
         last_expire = time.monotonic()
         while True:
             try:
-                source, event = await asyncio.wait_for(queue.get(), timeout=EXPIRE_EVERY)
+                # asyncio.timeout, not wait_for (see Detector.run): cancellation must win.
+                async with asyncio.timeout(EXPIRE_EVERY):
+                    source, event = await queue.get()
             except TimeoutError:
                 pass
             else:
