@@ -262,6 +262,8 @@ def detection_latency(chats: int, budget: float) -> list[Row]:
         str(chats),
         "--chat-status",
         "running",
+        "--chat-age",
+        "0",
     )
     try:
         t0 = time.monotonic()

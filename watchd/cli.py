@@ -157,7 +157,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
         )
         if args.scenario == "bulk":
             identities = bulk(
-                state, users=args.users, chats_per_user=args.chats_per_user, status=args.chat_status
+                state,
+                users=args.users,
+                chats_per_user=args.chats_per_user,
+                status=args.chat_status,
+                age=args.chat_age,
             )
         else:
             identities = SCENARIOS[args.scenario](state)
@@ -269,6 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--users", type=int, default=50, help="bulk scenario: users")
     sim.add_argument("--chats-per-user", type=int, default=2000, help="bulk scenario")
     sim.add_argument("--chat-status", default="waiting", help="bulk scenario: every chat's status")
+    sim.add_argument(
+        "--chat-age",
+        type=float,
+        default=60.0,
+        help="bulk scenario: seconds each chat has been in its status",
+    )
     sim.add_argument("--era", default="E", choices=list("ABCDE"))
     sim.add_argument("--seed", type=int, default=1)
     sim.add_argument(
