@@ -243,7 +243,19 @@ async def test_status_page_renders_in_chromium(
     assert chromium, "run tests/setup/system-deps (make test does)"
     sim = start_sim()
     await sim.admin("POST", "/users/bob/revoke")
-    d = start_daemon(sim, identities=[("team-a", "alice"), ("team-b", "bob")])
+    d = start_daemon(
+        sim,
+        identities=[("team-a", "alice"), ("team-b", "bob")],
+        extra={
+            "silences": [
+                {
+                    "matchers": ['identity="team-z"'],
+                    "ends_at": "2099-01-01T00:00:00Z",
+                    "comment": "planned maintenance",
+                }
+            ]
+        },
+    )
     await d.wait_up()
     await sim.add_chat("alice", status="running", title="Render <b>me</b> safely")
     await eventually(lambda: d.firing("ChatStuck"), within=10)
@@ -270,6 +282,7 @@ async def test_status_page_renders_in_chromium(
     html = dom.stdout
     assert "team-a" in html and "team-b" in html and "auth_failed" in html
     assert "ChatStuck" in html and "Render &lt;b&gt;me&lt;/b&gt; safely" in html
+    assert "planned maintenance" in html and 'identity="team-z"' in html
     for token in (sim.token("alice"), sim.token("bob")):
         assert token not in html
     await asyncio.to_thread(

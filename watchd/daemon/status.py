@@ -126,6 +126,17 @@ def status_html(doc: dict[str, Any]) -> str:
             f"<td>{e(ann.get('time_in_status', ''))}</td><td>{e(ann.get('budget', ''))}</td>"
             f"<td>{e(ann.get('clock', ''))}</td><td>{e(ann.get('hint', ''))}</td></tr>"
         )
+    silences = (
+        "".join(
+            f"<tr><td>{e(str(si['id']))}</td><td>{e(str(si['state']))}</td>"
+            f"<td>{e(', '.join(si['matchers']))}</td>"
+            f"<td>{e(time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(float(si['ends_at']))))}</td>"
+            f"<td>{e(str(si['created_by']))}</td><td>{e(str(si['comment']))}</td></tr>"
+            for si in doc["silences"]
+            if si["state"] != "expired"
+        )
+        or "<tr><td colspan=6>No silences.</td></tr>"
+    )
     no_alerts = "<tr><td colspan=8>No alerts firing.</td></tr>"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>watchd status</title>
@@ -140,6 +151,9 @@ def status_html(doc: dict[str, Any]) -> str:
 <table id="alerts"><tr><th>alert</th><th>identity</th><th>status</th><th>chat</th>
 <th>time in status</th><th>budget</th><th>clock</th><th>hint</th></tr>
 {"".join(alerts) or no_alerts}</table>
+<h2>Silences</h2>
+<table id="silences"><tr><th>id</th><th>state</th><th>matchers</th><th>ends</th><th>by</th>
+<th>comment</th></tr>{silences}</table>
 </body></html>"""
 
 
