@@ -58,11 +58,10 @@ def _print_problems(exc: ConfigError) -> None:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     path = _config_path(args.config)
-    try:
-        config, _ = _load(path)
-    except ConfigError as exc:
-        _print_problems(exc)
+    loaded = _load_or_report(args)
+    if loaded is None:
         return 2
+    config, _ = loaded
     print(f"{path}: valid")
     print(f"identities: {', '.join(i.name for i in config.identities)}")
     print(f"receivers: {', '.join(f'{r.name} ({r.kind})' for r in config.receivers)}")
@@ -102,11 +101,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from watchd.daemon.app import Daemon
 
     path = _config_path(args.config)
-    try:
-        config, secrets = _load(path)
-    except ConfigError as exc:
-        _print_problems(exc)
+    loaded = _load_or_report(args)
+    if loaded is None:
         return 2
+    config, secrets = loaded
 
     async def main() -> int:
         stop = asyncio.Event()

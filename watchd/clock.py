@@ -28,16 +28,6 @@ class SystemClock:
         return time.time()
 
 
-class OffsetClock:
-    """The host clock shifted by a fixed amount (used by the simulator for skew)."""
-
-    def __init__(self, offset: float = 0.0) -> None:
-        self.offset = offset
-
-    def now(self) -> float:
-        return time.time() + self.offset
-
-
 def parse_http_date(value: str) -> float | None:
     """An RFC 9110 HTTP-date as epoch seconds, or None when it is not one."""
     try:

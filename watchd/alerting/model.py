@@ -8,14 +8,11 @@ later puts it resolved (``ends_at`` set); whatever sits behind the
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TextIO
-
-ALERT_NAMES = ("ChatStuck", "ChatStranded", "ChatStalled", "ChatFailed", "IdentityUnhealthy")
 
 
 @dataclass(frozen=True)
@@ -86,22 +83,3 @@ class ConsoleSink:
         if alert.firing and a.get("hint"):
             line += f"\n           hint: {a['hint']}"
         print(line, file=self.stream, flush=True)
-
-
-class FanoutSink:
-    def __init__(self, *sinks: AlertSink) -> None:
-        self.sinks = list(sinks)
-
-    def put(self, alert: Alert) -> None:
-        for sink in self.sinks:
-            sink.put(alert)
-
-
-class JsonLinesSink:
-    """One JSON object per alert state change (machine-readable console)."""
-
-    def __init__(self, stream: TextIO | None = None) -> None:
-        self.stream = stream or sys.stdout
-
-    def put(self, alert: Alert) -> None:
-        print(json.dumps({"alert": alert.to_json()}), file=self.stream, flush=True)

@@ -24,22 +24,6 @@ ChatId = NewType("ChatId", str)
 ACTIVE_STATUSES = frozenset({"running", "pending", "interrupting"})
 BLOCKED_STATUSES = frozenset({"requires_action"})
 IDLE_STATUSES = frozenset({"waiting", "completed", "paused", "error"})
-KNOWN_STATUSES = ACTIVE_STATUSES | BLOCKED_STATUSES | IDLE_STATUSES
-
-KNOWN_KINDS = frozenset(
-    {
-        "status_change",
-        "summary_change",
-        "chat_summary_change",
-        "title_change",
-        "created",
-        "deleted",
-        "diff_status_change",
-        "action_required",
-        "context_dirty",
-        "capacity_change",
-    }
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +100,6 @@ class WorkspaceBuild:
     status: str
     job_status: str = ""
     error_code: str = ""
-
-
-_KNOWN_KINDS_ORDER = tuple(sorted(KNOWN_KINDS))
 
 
 def parse_time(value: Any, *, field_name: str) -> float | None:

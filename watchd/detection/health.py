@@ -13,17 +13,6 @@ from dataclasses import dataclass, field
 from watchd.clock import ServerClock
 from watchd.coder.models import Quota
 
-STATES = (
-    "starting",
-    "seeding",
-    "ready",
-    "reconnecting",
-    "auth_failed",
-    "unreachable",
-    "not_found",
-    "stopped",
-)
-
 
 @dataclass
 class IdentityHealth:
@@ -31,6 +20,7 @@ class IdentityHealth:
     deployment: str
     server_clock: ServerClock
     unhealthy_after: float
+    # starting | seeding | ready | reconnecting | auth_failed | unreachable | not_found | stopped
     state: str = "starting"
     ready: bool = False
     seeded_once: bool = False

@@ -170,7 +170,6 @@ class SimState:
         self.mutations: list[tuple[str, str, int]] = []
         self._rate: dict[tuple[str, str], tuple[float, int]] = {}
         self._message_ids = 1000
-        self.drop_watch_requests: asyncio.Queue[int] | None = None
         self.on_drop: list[Any] = []
 
     # -- time and ids ----------------------------------------------------------------

@@ -1,0 +1,61 @@
+"""`watchd check-config`: exit codes, one problem per line by path, the route tree."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "watchd", "check-config", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_valid_config_prints_the_resolved_route_tree(tmp_path: Path) -> None:
+    """A valid config exits 0 and prints each route with inherited timings."""
+    token = tmp_path / "token"
+    token.write_text("secret-token-value-123")
+    token.chmod(0o600)
+    cfg = tmp_path / "watchd.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "identities": [
+                    {"name": "team-a", "url": "https://coder.example.com", "token_file": str(token)}
+                ],
+                "receivers": [
+                    {"name": "console", "console": {}},
+                    {"name": "hook", "webhook": {"url": "http://127.0.0.1:9/x"}},
+                ],
+                "route": {
+                    "receiver": "console",
+                    "group_wait": "10s",
+                    "routes": [{"matchers": ['severity="critical"'], "receiver": "hook"}],
+                },
+            }
+        )
+    )
+    r = run(cfg)
+    assert r.returncode == 0, r.stderr
+    assert 'severity="critical" -> hook' in r.stdout and "10s/5m/4h" in r.stdout
+    assert "secret-token-value-123" not in r.stdout + r.stderr
+
+
+def test_example_config_reports_each_missing_secret_by_path() -> None:
+    """The shipped example (its secret files absent here) exits 2, one line per reference."""
+    r = run(ROOT / "config" / "watchd.example.yaml")
+    assert r.returncode == 2
+    problems = [line for line in r.stderr.splitlines() if line.startswith("  ")]
+    assert any("/run/secrets/pd" in p for p in problems)
+    assert any("/run/secrets/slack" in p for p in problems)
+    assert any("team-b" in p and "CREDENTIALS_DIRECTORY" in p for p in problems)
