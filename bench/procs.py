@@ -81,6 +81,33 @@ class Sim:
             self.proc.stdout.close()
 
 
+def _profile(pid: int) -> subprocess.Popen[bytes] | None:
+    """With BENCH_PROFILE=DIR, sample the daemon with py-spy into DIR (collapsed stacks)."""
+    out = os.environ.get("BENCH_PROFILE")
+    if not out:
+        return None
+    Path(out).mkdir(parents=True, exist_ok=True)
+    dest = Path(out) / f"daemon-{pid}.txt"
+    spy = Path(sys.executable).with_name("py-spy")
+    return subprocess.Popen(
+        [
+            str(spy),
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "250",
+            "--format",
+            "raw",
+            "--output",
+            str(dest),
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 class Daemon:
     def __init__(self, sim: Sim, *, extra: dict[str, Any] | None = None) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="watchd-bench-"))
@@ -110,20 +137,23 @@ class Daemon:
         config.update(extra or {})
         (self.tmp / "watchd.yaml").write_text(yaml.safe_dump(config))
         self.started = time.monotonic()
+        # BENCH_DAEMON_LOG=FILE: the daemon's info-level log, for a timeline of a case.
+        log_to = os.environ.get("BENCH_DAEMON_LOG")
         self.proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "watchd",
                 "--log-level",
-                "warning",
+                "info" if log_to else "warning",
                 "run",
                 "-c",
                 str(self.tmp / "watchd.yaml"),
             ],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=open(log_to, "ab") if log_to else subprocess.DEVNULL,  # noqa: SIM115
         )
+        self.profiler = _profile(self.proc.pid)
 
     def get(self, path: str) -> Any:
         return http("GET", f"http://{self.listen}{path}", timeout=60)
@@ -146,5 +176,8 @@ class Daemon:
         return rss_mb(self.proc.pid)
 
     def stop(self) -> None:
+        if self.profiler is not None:
+            self.profiler.send_signal(signal.SIGINT)
+            self.profiler.wait(60)
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(30)

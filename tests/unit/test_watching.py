@@ -16,6 +16,7 @@ from watchd.alerting.model import Alert
 from watchd.clock import ServerClock
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError
+from watchd.coder.models import WatchEvent
 from watchd.coder.transport import RateLimiter, Transport
 from watchd.coder.watchstream import ResyncNeeded, open_watch
 from watchd.config import Budgets
@@ -67,18 +68,20 @@ async def test_frames_decode_in_every_era(sim: Sim, session: aiohttp.ClientSessi
     t = transport(sim, alice, session)
     prefix = await CoderClient(t).resolve_prefix()
     conn = await open_watch(t, prefix, reader=1, attempt=1)
-    frames = conn.frames()
+    got: asyncio.Queue[WatchEvent] = asyncio.Queue()
     # Keep reading (as the watcher does) so protocol pings are answered.
-    first_task = asyncio.ensure_future(anext(frames))
+    pump = asyncio.ensure_future(conn.pump(got.put_nowait))
     await asyncio.sleep(0.7)
     chat = sim.state.add_chat(alice, status="running")
     sim.state.set_status(chat.id, "waiting")
-    first = await asyncio.wait_for(first_task, 2)
-    second = await asyncio.wait_for(anext(frames), 2)
+    first = await asyncio.wait_for(got.get(), 2)
+    second = await asyncio.wait_for(got.get(), 2)
     assert (first.kind, second.kind, second.chat.status) == ("created", "status_change", "waiting")
     if sim.state.era.envelope:
         assert conn.pings >= 1
-    await frames.aclose()
+    pump.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await pump
     await conn.close()
 
 
@@ -90,7 +93,7 @@ async def test_malformed_frame_asks_for_resync(sim: Sim, session: aiohttp.Client
     sim.state.faults.malformed_next = 1
     sim.state.add_chat(alice)
     with pytest.raises(ResyncNeeded):
-        await asyncio.wait_for(anext(conn.frames()), 2)
+        await asyncio.wait_for(conn.pump(lambda event: None), 2)
     await conn.close()
 
 
@@ -114,7 +117,7 @@ async def test_protocol_pings_keep_a_quiet_socket_alive(
     sim.state.ping_interval = 0.2
     alice = sim.state.add_user("alice")
     conn = await open_watch(transport(sim, alice, session), "/api/v2", reader=1, attempt=1)
-    reading = asyncio.ensure_future(anext(conn.frames()))
+    reading = asyncio.ensure_future(conn.pump(lambda event: None))
     await asyncio.sleep(1.0)
     assert not conn.ws.closed and not reading.done()
     reading.cancel()

@@ -12,10 +12,11 @@ stream and must stay cheap per event.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NewType
+
+import orjson
 
 from watchd.coder.errors import PayloadError
 
@@ -105,17 +106,20 @@ class WorkspaceBuild:
 def parse_time(value: Any, *, field_name: str) -> float | None:
     if value is None or value == "":
         return None
-    if not isinstance(value, str):
+    if type(value) is not str:
         raise PayloadError(
             field_name, f"expected an RFC 3339 timestamp, got {type(value).__name__}"
         )
     try:
-        parsed = datetime.fromisoformat(value)
+        parsed = _fromiso(value)
     except ValueError:
         raise PayloadError(field_name, f"not an RFC 3339 timestamp: {value[:40]!r}") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.timestamp()
+
+
+_fromiso = datetime.fromisoformat
 
 
 def _opt_str(obj: dict[str, Any], key: str) -> str | None:
@@ -152,42 +156,71 @@ def parse_chat_error(value: Any) -> ChatError | None:
 
 
 def parse_chat(obj: Any, *, where: str = "chat") -> Chat:
-    if not isinstance(obj, dict):
+    # The hot path of both the watch stream and listings: one dict lookup per field,
+    # type checks inline, no helper calls for the common (well-typed) case.
+    if type(obj) is not dict:
         raise PayloadError(where, f"expected an object, got {type(obj).__name__}")
-    chat_id = obj.get("id")
-    if not isinstance(chat_id, str) or not chat_id:
+    get = obj.get
+    chat_id = get("id")
+    if type(chat_id) is not str or not chat_id:
         raise PayloadError(f"{where}.id", "missing or not a string")
-    status = obj.get("status")
-    if not isinstance(status, str) or not status:
+    status = get("status")
+    if type(status) is not str or not status:
         raise PayloadError(f"{where}.status", "missing or not a string")
-    labels_raw = obj.get("labels")
+    updated_raw = get("updated_at")
+    if type(updated_raw) is str and updated_raw:
+        try:
+            parsed = _fromiso(updated_raw)
+        except ValueError:
+            raise PayloadError(
+                f"{where}.updated_at", f"not an RFC 3339 timestamp: {updated_raw[:40]!r}"
+            ) from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        updated_at: float | None = parsed.timestamp()
+    else:
+        updated_at = parse_time(updated_raw, field_name=f"{where}.updated_at")
+    labels_raw = get("labels")
     labels: tuple[tuple[str, str], ...] = ()
-    if isinstance(labels_raw, dict):
+    if labels_raw and type(labels_raw) is dict:
         labels = tuple(sorted((str(k), str(v)) for k, v in labels_raw.items()))
-    children_raw = obj.get("children")
+    children_raw = get("children")
     children: tuple[Chat, ...] = ()
-    if isinstance(children_raw, list) and children_raw:
+    if children_raw and type(children_raw) is list:
         children = tuple(
             parse_chat(c, where=f"{where}.children[{i}]") for i, c in enumerate(children_raw)
         )
-    queued = obj.get("queued_for_capacity")
+    queued = get("queued_for_capacity")
+    last_error = get("last_error")
+    owner_id = get("owner_id")
+    owner_username = get("owner_username")
+    org = get("organization_id")
+    workspace = get("workspace_id")
+    parent = get("parent_chat_id")
+    root = get("root_chat_id")
+    title = get("title")
     return Chat(
-        id=ChatId(chat_id),
-        status=status,
-        updated_at=parse_time(obj.get("updated_at"), field_name=f"{where}.updated_at"),
+        ChatId(chat_id),
+        status,
+        updated_at,
         # created_at is never used for verdicts; not parsing it halves the cost per chat.
-        owner_id=_str(obj, "owner_id"),
-        owner_username=_str(obj, "owner_username"),
-        organization_id=_str(obj, "organization_id"),
-        workspace_id=_opt_str(obj, "workspace_id"),
-        parent_chat_id=_opt_str(obj, "parent_chat_id"),
-        root_chat_id=_opt_str(obj, "root_chat_id"),
-        title=_str(obj, "title")[:300],
-        archived=obj.get("archived") is True,
-        labels=labels,
-        last_error=parse_chat_error(obj.get("last_error")),
-        queued_for_capacity=queued if isinstance(queued, bool) else None,
-        children=children,
+        None,
+        owner_id if type(owner_id) is str else ("" if owner_id is None else str(owner_id)),
+        owner_username if type(owner_username) is str else _str(obj, "owner_username"),
+        org if type(org) is str else _str(obj, "organization_id"),
+        None
+        if workspace is None
+        else (workspace or None)
+        if type(workspace) is str
+        else str(workspace),
+        None if parent is None else (parent or None) if type(parent) is str else str(parent),
+        None if root is None else (root or None) if type(root) is str else str(root),
+        title[:300] if type(title) is str else _str(obj, "title")[:300],
+        get("archived") is True,
+        labels,
+        None if last_error is None else parse_chat_error(last_error),
+        queued if type(queued) is bool else None,
+        children,
     )
 
 
@@ -221,10 +254,10 @@ def parse_watch_frame(text: str | bytes) -> WatchEvent | None:
     (era A) are both accepted.
     """
     try:
-        obj = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
+        obj = orjson.loads(text)
+    except ValueError as exc:
         raise MalformedFrame(f"not JSON: {exc}") from None
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         raise MalformedFrame(f"expected a JSON object, got {type(obj).__name__}")
     if "kind" not in obj and "type" in obj:
         frame_type = obj.get("type")
@@ -240,19 +273,21 @@ def parse_watch_frame(text: str | bytes) -> WatchEvent | None:
         if not isinstance(obj, dict):
             raise MalformedFrame("envelope data is not an object")
     kind = obj.get("kind")
-    if not isinstance(kind, str) or not kind:
+    if type(kind) is not str or not kind:
         raise MalformedFrame("event.kind missing or not a string")
     try:
         chat = parse_chat(obj.get("chat"), where="event.chat")
     except PayloadError as exc:
         raise MalformedFrame(str(exc)) from None
-    calls: list[ToolCall] = []
     raw_calls = obj.get("tool_calls")
-    if isinstance(raw_calls, list):
-        for c in raw_calls:
-            if isinstance(c, dict):
-                calls.append(ToolCall(_str(c, "tool_call_id"), _str(c, "tool_name")))
-    return WatchEvent(kind=kind, chat=chat, tool_calls=tuple(calls))
+    if not raw_calls or type(raw_calls) is not list:
+        return WatchEvent(kind, chat)
+    calls = tuple(
+        ToolCall(_str(c, "tool_call_id"), _str(c, "tool_name"))
+        for c in raw_calls
+        if isinstance(c, dict)
+    )
+    return WatchEvent(kind, chat, calls)
 
 
 def parse_user(obj: Any) -> User:

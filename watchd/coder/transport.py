@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
+import orjson
 
 from watchd.clock import ServerClock
 from watchd.coder.backoff import retry_hint
@@ -70,7 +70,7 @@ class Response:
         if not self.body:
             return None
         try:
-            return json.loads(self.body)
+            return orjson.loads(self.body)
         except ValueError:
             return self.body.decode("utf-8", "replace")
 

@@ -9,7 +9,7 @@ send no application keepalives. A frame we cannot understand raises
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -47,15 +47,23 @@ class WatchConnection:
     malformed: int = 0
     _closed: bool = field(default=False)
 
-    async def frames(self) -> AsyncIterator[WatchEvent]:
-        """Decoded events until the connection ends (raises StreamClosed / ResyncNeeded)."""
+    async def pump(self, on_event: Callable[[WatchEvent], None]) -> None:
+        """Decode frames and hand each event to ``on_event`` until the connection ends
+        (raises StreamClosed / ResyncNeeded, or whatever ``on_event`` raises).
+
+        One coroutine for the connection's life, a plain call per event: no async
+        generator or future per frame on the hot path.
+        """
+        receive = self.ws.receive
+        text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
         while True:
             try:
-                msg = await self.ws.receive()
+                msg = await receive()
             except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
                 # e.g. answering a ping on a transport the server is already closing
                 raise StreamClosed(1006, f"{type(exc).__name__}: {exc}") from None
-            if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+            kind = msg.type
+            if kind is text or kind is binary:
                 try:
                     event = parse_watch_frame(msg.data)
                 except MalformedFrame as exc:
@@ -79,15 +87,15 @@ class WatchConnection:
                     self.pings += 1
                     continue
                 self.events += 1
-                yield event
-            elif msg.type in (
+                on_event(event)
+            elif kind in (
                 aiohttp.WSMsgType.CLOSE,
                 aiohttp.WSMsgType.CLOSING,
                 aiohttp.WSMsgType.CLOSED,
             ):
                 code = self.ws.close_code
                 raise StreamClosed(code, str(msg.extra or ""))
-            elif msg.type == aiohttp.WSMsgType.ERROR:
+            elif kind == aiohttp.WSMsgType.ERROR:
                 raise StreamClosed(1006, f"{type(msg.data).__name__}: {msg.data}")
 
     async def close(self, *, code: int | None = None, reason: str = "") -> None:

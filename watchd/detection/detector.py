@@ -26,9 +26,9 @@ from watchd import logs
 from watchd.alerting.model import Alert, AlertSink, fingerprint
 from watchd.clock import SystemClock, WallClock
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.models import Chat
+from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES, Chat
 from watchd.config import Budgets, format_duration
-from watchd.detection.budgets import alert_name, budget, status_class
+from watchd.detection.budgets import alert_name, budget
 from watchd.detection.diagnosis import Facts, hint
 from watchd.detection.health import IdentityHealth
 from watchd.detection.timers import TimerHeap
@@ -59,6 +59,7 @@ SEVERITY = {
 _LABEL_KEY = re.compile(r"[^a-zA-Z0-9_]")
 RETRY_CONFIRM_AFTER = 30.0
 HISTORY = 500
+KNOWN_STATUSES = ACTIVE_STATUSES | BLOCKED_STATUSES | IDLE_STATUSES
 
 
 class Confirmer(Protocol):
@@ -81,6 +82,8 @@ class Watched:
     deferred: set[tuple[str, str, str]] = field(default_factory=set)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    # status → budget seconds (None: never stuck), filled on first use per status.
+    limits: dict[str, float | None] = field(default_factory=dict)
 
 
 def iso(ts: float) -> str:
@@ -192,20 +195,24 @@ class Detector:
     # -- changes from watchers ----------------------------------------------------
 
     def apply(self, identity: str, changes: Iterable[Change]) -> None:
+        # Runs once per watch event and per changed listing row: keep it lean.
+        db = self.db
+        by_chat = self._by_chat
         for change in changes:
             rec = change.record
-            if change.kind == "tombstone":
+            kind = change.kind
+            if kind == "tombstone":
                 log.info(
                     "chat.tombstoned", identity=identity, chat_id=rec.chat_id, reason=change.reason
                 )
-                if self.db is not None:
-                    self.db.mark_deleted(identity, rec.chat_id)
+                if db is not None:
+                    db.mark_deleted(identity, rec.chat_id)
                 self._resolve_chat(rec, why=f"chat {change.reason}")
                 continue
-            if self.db is not None:
-                self.db.mark(rec)
+            if db is not None:
+                db.mark(rec)
             prev = change.previous
-            if change.kind == "transition" and rec.clock == CLOCK_SYNTHESIZED:
+            if kind == "transition" and rec.clock == CLOCK_SYNTHESIZED:
                 log.info(
                     "transition.synthesized",
                     identity=identity,
@@ -213,14 +220,13 @@ class Detector:
                     to=rec.status,
                     **{"from": prev.status if prev else None},
                 )
-            if prev is not None and prev.status != rec.status:
-                self._resolve_chat(prev, why=f"left {prev.status} for {rec.status}")
-            elif (
-                change.kind == "refresh" and prev is not None and prev.updated_at != rec.updated_at
-            ):
-                # Progress on the server: the stalled clock restarts.
-                self._resolve_chat(prev, why="progress", names=("ChatStalled",))
-            if status_class(rec.status) == "unknown" and rec.status not in self._unknown_statuses:
+            if prev is not None and (identity, rec.chat_id) in by_chat:
+                if prev.status != rec.status:
+                    self._resolve_chat(prev, why=f"left {prev.status} for {rec.status}")
+                elif kind == "refresh" and prev.updated_at != rec.updated_at:
+                    # Progress on the server: the stalled clock restarts.
+                    self._resolve_chat(prev, why="progress", names=("ChatStalled",))
+            if rec.status not in KNOWN_STATUSES and rec.status not in self._unknown_statuses:
                 self._unknown_statuses.add(rec.status)
                 log.warning(
                     "status.unknown",
@@ -242,25 +248,30 @@ class Detector:
 
     def _arm_clocks(self, w: Watched, rec: ChatRecord) -> None:
         offset = w.health.server_clock.offset
-        limit = budget(w.budgets, rec.status)
+        status = rec.status
+        try:
+            limit = w.limits[status]
+        except KeyError:
+            limit = w.limits[status] = budget(w.budgets, status)
         key = (rec.identity, rec.chat_id, "status")
-        if key in self._firing_clocks:
-            self.timers.cancel(key)
+        firing = self._firing_clocks
+        timers = self.timers
+        if key in firing:
+            timers.cancel(key)
         elif limit is not None:
-            self.timers.arm(key, rec.since + limit - offset, rec.version)
-        elif self.chat_failed and rec.status == "error":
-            self.timers.arm(key, rec.since - offset, rec.version)
+            timers.arm(key, rec.since + limit - offset, rec.version)
+        elif self.chat_failed and status == "error":
+            timers.arm(key, rec.since - offset, rec.version)
         else:
-            self.timers.cancel(key)
+            timers.cancel(key)
+        stalled = w.budgets.stalled
         skey = (rec.identity, rec.chat_id, "stalled")
-        if skey in self._firing_clocks:
-            self.timers.cancel(skey)
-        elif w.budgets.stalled is not None and rec.status == "running" and rec.updated_at:
-            self.timers.arm(
-                skey, rec.updated_at + w.budgets.stalled - offset, int(rec.updated_at * 1000)
-            )
+        if skey in firing:
+            timers.cancel(skey)
+        elif stalled is not None and status == "running" and rec.updated_at:
+            timers.arm(skey, rec.updated_at + stalled - offset, int(rec.updated_at * 1000))
         else:
-            self.timers.cancel(skey)
+            timers.cancel(skey)
 
     # -- the loop -----------------------------------------------------------------
 

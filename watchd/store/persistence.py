@@ -8,12 +8,13 @@ commits them in one transaction; alert state is written at once.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from watchd.coder.models import ChatError
 from watchd.store.chats import ChatRecord
@@ -99,8 +100,9 @@ class StateDB:
         # Alert and group state ride the same once-a-second transaction: a crash re-fires
         # at most a second's worth, and the notification log (written synchronously after
         # every send) keeps that from paging twice.
-        self._alerts: dict[str, tuple[Any, ...] | None] = {}
-        self._dispatch: dict[tuple[str, str, str], str | None] = {}
+        # Serialised at flush time, not when queued: a burst of alerts costs one pass.
+        self._alerts: dict[str, StoredAlert | None] = {}
+        self._dispatch: dict[tuple[str, str, str], dict[str, Any] | None] = {}
         self.writes = 0
 
     def close(self) -> None:
@@ -136,7 +138,7 @@ class StateDB:
                 self._db.executemany("DELETE FROM chats WHERE identity=? AND chat_id=?", deletes)
             self._db.executemany(
                 "INSERT OR REPLACE INTO alerts VALUES (?,?,?,?,?,?,?)",
-                [row for row in alerts.values() if row is not None],
+                [_alert_row(row) for row in alerts.values() if row is not None],
             )
             self._db.executemany(
                 "DELETE FROM alerts WHERE fingerprint=?",
@@ -144,7 +146,7 @@ class StateDB:
             )
             self._db.executemany(
                 "INSERT OR REPLACE INTO dispatch VALUES (?,?,?,?)",
-                [(*k, body) for k, body in dispatch.items() if body is not None],
+                [(*k, _dumps(body)) for k, body in dispatch.items() if body is not None],
             )
             self._db.executemany(
                 "DELETE FROM dispatch WHERE receiver=? AND group_key=? AND fingerprint=?",
@@ -166,15 +168,7 @@ class StateDB:
     # -- alerts -------------------------------------------------------------------
 
     def save_alert(self, row: StoredAlert) -> None:
-        self._alerts[row.fingerprint] = (
-            row.fingerprint,
-            row.identity,
-            row.chat_id,
-            json.dumps(row.labels),
-            json.dumps(row.annotations),
-            row.starts_at,
-            row.ends_at,
-        )
+        self._alerts[row.fingerprint] = row
 
     def delete_alert(self, fingerprint: str) -> None:
         self._alerts[fingerprint] = None
@@ -186,7 +180,7 @@ class StateDB:
             "FROM alerts"
         ).fetchall()
         return [
-            StoredAlert(f, i, c, json.loads(lab), json.loads(ann), s, e)
+            StoredAlert(f, i, c, orjson.loads(lab), orjson.loads(ann), s, e)
             for f, i, c, lab, ann, s, e in rows
         ]
 
@@ -203,8 +197,8 @@ class StateDB:
         return NflogEntry(
             receiver,
             group_key,
-            frozenset(json.loads(row[0])),
-            frozenset(json.loads(row[1])),
+            frozenset(orjson.loads(row[0])),
+            frozenset(orjson.loads(row[1])),
             row[2],
             row[3],
         )
@@ -217,8 +211,8 @@ class StateDB:
                 (
                     entry.receiver,
                     entry.group_key,
-                    json.dumps(sorted(entry.firing)),
-                    json.dumps(sorted(entry.resolved)),
+                    _dumps(sorted(entry.firing)),
+                    _dumps(sorted(entry.resolved)),
                     entry.sent_at,
                     entry.expires_at,
                 ),
@@ -234,7 +228,7 @@ class StateDB:
     def dispatch_save(
         self, receiver: str, group_key: str, fingerprint: str, alert: dict[str, Any]
     ) -> None:
-        self._dispatch[(receiver, group_key, fingerprint)] = json.dumps(alert)
+        self._dispatch[(receiver, group_key, fingerprint)] = alert
 
     def dispatch_delete(self, receiver: str, group_key: str, fingerprints: Iterable[str]) -> None:
         for f in fingerprints:
@@ -243,7 +237,7 @@ class StateDB:
     def dispatch_load(self) -> list[tuple[str, str, dict[str, Any]]]:
         self.flush()
         rows = self._db.execute("SELECT receiver, group_key, alert FROM dispatch").fetchall()
-        return [(r, g, json.loads(a)) for r, g, a in rows]
+        return [(r, g, orjson.loads(a)) for r, g, a in rows]
 
     # -- sweep progress: what was done to which chat, so a restart never acts twice ---
 
@@ -284,7 +278,7 @@ class StateDB:
     def silence_save(self, silence_id: str, body: dict[str, Any]) -> None:
         with self._tx():
             self._db.execute(
-                "INSERT OR REPLACE INTO silences VALUES (?,?)", (silence_id, json.dumps(body))
+                "INSERT OR REPLACE INTO silences VALUES (?,?)", (silence_id, _dumps(body))
             )
 
     def silence_delete(self, silence_id: str) -> None:
@@ -292,12 +286,28 @@ class StateDB:
             self._db.execute("DELETE FROM silences WHERE id=?", (silence_id,))
 
     def silences_load(self) -> list[dict[str, Any]]:
-        return [json.loads(b) for (b,) in self._db.execute("SELECT body FROM silences")]
+        return [orjson.loads(b) for (b,) in self._db.execute("SELECT body FROM silences")]
 
     # -- plumbing -----------------------------------------------------------------
 
     def _tx(self) -> _Tx:
         return _Tx(self._db)
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def _alert_row(row: StoredAlert) -> tuple[Any, ...]:
+    return (
+        row.fingerprint,
+        row.identity,
+        row.chat_id,
+        _dumps(row.labels),
+        _dumps(row.annotations),
+        row.starts_at,
+        row.ends_at,
+    )
 
 
 class _Tx:
@@ -315,7 +325,7 @@ def _row(r: ChatRecord) -> tuple[Any, ...]:
     err = None
     if r.last_error is not None:
         e = r.last_error
-        err = json.dumps(
+        err = _dumps(
             {
                 "message": e.message,
                 "detail": e.detail,
@@ -337,7 +347,7 @@ def _row(r: ChatRecord) -> tuple[Any, ...]:
         r.title,
         r.workspace_id,
         r.parent_id,
-        json.dumps(r.labels),
+        _dumps(r.labels),
         err,
         None if r.queued_for_capacity is None else int(r.queued_for_capacity),
         r.version,
@@ -362,7 +372,7 @@ def _record(row: Iterable[Any]) -> ChatRecord:
         queued,
         version,
     ) = row
-    last_error = ChatError(**json.loads(err)) if err else None
+    last_error = ChatError(**orjson.loads(err)) if err else None
     return ChatRecord(
         identity=identity,
         chat_id=chat_id,
@@ -375,7 +385,7 @@ def _record(row: Iterable[Any]) -> ChatRecord:
         title=title or "",
         workspace_id=ws,
         parent_id=parent,
-        labels=tuple((str(k), str(v)) for k, v in json.loads(labels or "[]")),
+        labels=tuple((str(k), str(v)) for k, v in orjson.loads(labels or "[]")),
         last_error=last_error,
         queued_for_capacity=None if queued is None else bool(queued),
         version=version,

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -85,6 +85,7 @@ class IdentityWatcher:
         self._conn: WatchConnection | None = None
         self._relist_lock = asyncio.Lock()
         self._quota: tuple[float, Quota | None] | None = None
+        self._buffer: list[WatchEvent] | None = None
 
     # -- loop 1: reconnect forever ------------------------------------------------
 
@@ -180,9 +181,20 @@ class IdentityWatcher:
         self.health.set_state("seeding")
         close_code: int | None = None
         reason = ""
+        # Events that arrive while the listing runs wait here; past the limit the
+        # stream is dropped and relisted.
+        self._buffer = []
+        pump = asyncio.create_task(conn.pump(self._on_event), name=f"watch:{self.name}")
+        listing: asyncio.Task[None] | None = None
         try:
-            frames = conn.frames()
-            pending = await self._seed(frames)
+            listing = asyncio.create_task(self.relist(), name=f"seed:{self.name}")
+            await asyncio.wait({pump, listing}, return_when=asyncio.FIRST_COMPLETED)
+            if pump.done():
+                pump.result()  # the stream ended or broke during the listing: raises
+            listing.result()
+            buffered, self._buffer = self._buffer, None
+            for event in buffered:
+                self._apply(event)
             self.health.set_state("ready")
             self.detector.readiness_changed(self.name)
             log.info(
@@ -191,50 +203,31 @@ class IdentityWatcher:
                 chats=self.health.last_list_chats,
                 prefix=prefix,
             )
-            if pending is not None:
-                self._apply(await pending)
-            async for event in frames:
-                self._apply(event)
+            await pump
             raise StreamClosed(None, "stream ended")
         except StreamClosed as exc:
             close_code, reason = exc.code, exc.reason
             raise
         finally:
-            self._conn = None
-            await conn.close(code=close_code, reason=reason)
-            self.health.malformed += conn.malformed
-
-    async def _seed(self, frames: AsyncIterator[WatchEvent]) -> asyncio.Task[WatchEvent] | None:
-        """List while reading the socket; apply the listing, then what arrived meanwhile.
-
-        Returns the frame read still in flight when the listing finished, so the
-        caller awaits it instead of cancelling a receive half-way.
-        """
-        listing = asyncio.create_task(self.relist(), name=f"seed:{self.name}")
-        buffered: list[WatchEvent] = []
-        nxt: asyncio.Task[WatchEvent] | None = None
-        try:
-            while not listing.done():
-                if nxt is None:
-                    nxt = asyncio.ensure_future(anext(frames))
-                done, _ = await asyncio.wait({nxt, listing}, return_when=asyncio.FIRST_COMPLETED)
-                if nxt in done:
-                    buffered.append(nxt.result())
-                    nxt = None
-                    if len(buffered) > self.settings.buffer_limit:
-                        self.health.overflow += 1
-                        raise ResyncNeeded("event buffer overflow during listing")
-            listing.result()
-        except BaseException:
-            for task in (listing, nxt):
+            self._buffer = None
+            for task in (pump, listing):
                 if task is not None and not task.done():
                     task.cancel()
                     with contextlib.suppress(BaseException):
                         await task
-            raise
-        for event in buffered:
+            self._conn = None
+            await conn.close(code=close_code, reason=reason)
+            self.health.malformed += conn.malformed
+
+    def _on_event(self, event: WatchEvent) -> None:
+        buffer = self._buffer
+        if buffer is None:
             self._apply(event)
-        return nxt
+            return
+        buffer.append(event)
+        if len(buffer) > self.settings.buffer_limit:
+            self.health.overflow += 1
+            raise ResyncNeeded("event buffer overflow during listing")
 
     def _apply(self, event: WatchEvent) -> None:
         self.health.events += 1

@@ -6,13 +6,13 @@ or key: for Slack the webhook URL *is* the secret.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import aiohttp
+import orjson
 
 from watchd.alerting.model import Alert
 
@@ -148,4 +148,4 @@ def classify_http(
 
 
 def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    return orjson.dumps(obj)
