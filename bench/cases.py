@@ -223,6 +223,25 @@ def reconcile_cpu(chats: int) -> list[Row]:
 # -- 3. detection latency -----------------------------------------------------------------
 
 
+def _list_all(url: str, token: str) -> float:
+    """Seconds for one complete keyset-paged listing (limit 100, ``after_id``), the way
+    the daemon confirms a burst, by a bare client that only decodes the pages."""
+    import urllib.request
+
+    t0 = time.monotonic()
+    after = ""
+    while True:
+        query = "limit=100" + (f"&after_id={after}" if after else "")
+        req = urllib.request.Request(
+            f"{url}/api/v2/chats?{query}", headers={"Coder-Session-Token": token}
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            page = json.loads(r.read())
+        if len(page) < 100:
+            return time.monotonic() - t0
+        after = page[-1]["id"]
+
+
 def detection_latency(chats: int, budget: float) -> list[Row]:
     from aiohttp import web
 
@@ -231,8 +250,9 @@ def detection_latency(chats: int, budget: float) -> list[Row]:
     done = threading.Event()
 
     async def hook(request: web.Request) -> web.Response:
-        body = await request.json()
-        now = time.time()
+        raw = await request.read()
+        now = time.time()  # arrival: the whole body is here (parsing it is the receiver's)
+        body = json.loads(raw)
         for a in body["alerts"]:
             if a["status"] == "firing" and a["labels"].get("alertname") == "ChatStuck":
                 cid = a["labels"]["chat_id"]
@@ -266,15 +286,7 @@ def detection_latency(chats: int, budget: float) -> list[Row]:
         "0",
     )
     try:
-        t0 = time.monotonic()
-        page_url = f"{sim.url}/api/v2/chats?limit=100"
-        token = sim.identities[0]["token"]
-        for _ in range(chats // 100):
-            import urllib.request
-
-            req = urllib.request.Request(page_url, headers={"Coder-Session-Token": token})
-            urllib.request.urlopen(req, timeout=60).read()
-        listing = time.monotonic() - t0
+        listing = _list_all(sim.url, sim.identities[0]["token"])
         d = Daemon(
             sim,
             extra={

@@ -66,7 +66,7 @@ class FakeConfirmer:
             ),
         )
 
-    async def facts(self, record: ChatRecord) -> Facts:
+    async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
         return Facts(record=record)
 
 

@@ -160,7 +160,7 @@ class Dispatcher:
             return
         group.alerts[alert.fingerprint] = alert
         if persist:
-            self.db.dispatch_save(route.receiver, key, alert.fingerprint, alert.to_json())
+            self.db.dispatch_save(route.receiver, key, alert.fingerprint, alert)
         group.dirty.set()
 
     # -- the group's life -----------------------------------------------------------
@@ -244,7 +244,9 @@ class Dispatcher:
             break
         stats.sent += 1
         stats.last_success = self.wall.now()
-        self.db.nflog_put(
+        # In a worker thread: it may wait for the state flusher's commit.
+        await asyncio.to_thread(
+            self.db.nflog_put,
             NflogEntry(
                 receiver,
                 group.key,
@@ -252,7 +254,7 @@ class Dispatcher:
                 frozenset(resolved),
                 sent_at=now,
                 expires_at=now + NFLOG_RETENTION,
-            )
+            ),
         )
         log.info(
             "notification.sent",

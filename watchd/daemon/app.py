@@ -435,7 +435,7 @@ class Daemon:
     async def _flush_forever(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            self.db.flush()
+            await self.db.flush_async()
 
     async def shutdown(self) -> None:
         """Ordered, deadline-bound: intake, watchers, core, state, sessions."""

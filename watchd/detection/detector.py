@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -58,6 +58,12 @@ SEVERITY = {
 }
 _LABEL_KEY = re.compile(r"[^a-zA-Z0-9_]")
 RETRY_CONFIRM_AFTER = 30.0
+# Before confirming, let a burst of due chats finish coming due: wait until no new one
+# arrived for SETTLE_QUIET (at most SETTLE_MAX), so one listing confirms the whole burst.
+SETTLE_QUIET = 0.05
+SETTLE_MAX = 1.0
+# Workspace builds read for one burst's diagnosis; the rest use what is cached.
+BURST_LOOKUPS = 20
 HISTORY = 500
 KNOWN_STATUSES = ACTIVE_STATUSES | BLOCKED_STATUSES | IDLE_STATUSES
 
@@ -69,7 +75,7 @@ class Confirmer(Protocol):
 
     async def relist(self) -> None: ...
 
-    async def facts(self, record: ChatRecord) -> Facts: ...
+    async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts: ...
 
 
 @dataclass
@@ -121,6 +127,8 @@ class Detector:
         self._wake = asyncio.Event()
         self._next_wake = 0.0  # wall time the loop will look at the heap next
         self._unknown_statuses: set[str] = set()
+        self._label_keys: dict[str, str] = {}  # chat label key -> alert label name
+        self._durations: dict[int, str] = {}
         self.counters = {
             "fired": 0,
             "resolved": 0,
@@ -337,6 +345,7 @@ class Detector:
             await w.wake.wait()
             w.wake.clear()
             while w.pending:
+                await self._settle(w)
                 if not w.health.ready:
                     w.deferred.update(w.pending)
                     w.pending.clear()
@@ -350,17 +359,40 @@ class Detector:
                     await self._confirm_one(w, key)
                     await asyncio.sleep(interval)
 
+    @staticmethod
+    async def _settle(w: Watched) -> None:
+        """Chats that cross their budget together come due over a few milliseconds (or a
+        second): wait until the burst stops growing, so it takes one listing, not one
+        listing per slice (a listing of a large fleet takes seconds)."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + SETTLE_MAX
+        seen = len(w.pending)
+        while loop.time() < give_up:
+            await asyncio.sleep(SETTLE_QUIET)
+            if len(w.pending) == seen:
+                return
+            seen = len(w.pending)
+
     async def _confirm_by_listing(self, w: Watched, batch: list[tuple[str, str, str]]) -> None:
         self.counters["confirm_listing"] += 1
+        started = time.monotonic()
         try:
             await w.confirmer.relist()
         except (CoderError, PayloadError) as exc:
             self._confirm_failed(w, batch, exc)
             return
-        for key in batch:
-            rec = self.store.get(key[0], key[1])
+        log.info(
+            "confirm.listed",
+            identity=w.health.name,
+            due=len(batch),
+            seconds=round(time.monotonic() - started, 3),
+        )
+        items = []
+        for identity, chat_id, clock in batch:
+            rec = self.store.get(identity, chat_id)
             if rec is not None:
-                await self._verdict(w, rec, key[2])
+                items.append((rec, clock))
+        await self._verdicts(w, items)
 
     async def _confirm_one(self, w: Watched, key: tuple[str, str, str]) -> None:
         with structlog.contextvars.bound_contextvars(identity=key[0], chat_id=key[1]):
@@ -393,7 +425,7 @@ class Detector:
             self.apply(identity, [change])
         rec = self.store.get(identity, chat_id)
         if rec is not None:
-            await self._verdict(w, rec, clock)
+            await self._verdicts(w, [(rec, clock)])
 
     def _confirm_failed(self, w: Watched, keys: list[tuple[str, str, str]], exc: Exception) -> None:
         """The re-read failed: nothing fires; try again later; the identity says why."""
@@ -413,32 +445,76 @@ class Detector:
             self._arm(rec)
             self._wake.set()
 
-    async def _verdict(self, w: Watched, rec: ChatRecord, clock: str) -> None:
-        past = self._past(w, rec, clock)
-        if past is None:
-            self.counters["unfounded"] += 1
-            self._rearm(rec)
+    async def _verdicts(self, w: Watched, items: list[tuple[ChatRecord, str]]) -> None:
+        """Fire what the confirmation shows past budget.
+
+        Facts are gathered first (a burst reads at most BURST_LOOKUPS workspace builds),
+        then every alert is fired in one synchronous pass, so a burst reaches its
+        aggregation groups together instead of trickling in over the lookups.
+        """
+        due: list[tuple[ChatRecord, str, str, float, float, float, str]] = []
+        for rec, clock in items:
+            past = self._past(w, rec, clock)
+            if past is None:
+                self.counters["unfounded"] += 1
+                self._rearm(rec)
+                continue
+            name, age, limit = past
+            since = rec.updated_at if clock == "stalled" and rec.updated_at else rec.since
+            fp = fingerprint(w.health.deployment, rec.chat_id, name, rec.status, since)
+            if fp not in self.firing:
+                due.append((rec, clock, name, age, limit, since, fp))
+        if not due:
             return
-        name, age, limit = past
-        since = rec.updated_at if clock == "stalled" and rec.updated_at else rec.since
-        fp = fingerprint(w.health.deployment, rec.chat_id, name, rec.status, since)
-        if fp in self.firing:
-            return
-        try:
-            facts = await w.confirmer.facts(rec)
-        except (CoderError, PayloadError) as exc:
-            log.info(
-                "diagnosis.partial", identity=rec.identity, chat_id=rec.chat_id, error=str(exc)
+        burst = len(due)
+        looked: set[str] = set()
+        facts: list[Facts] = []
+        for rec, *_ in due:
+            ws = rec.workspace_id
+            lookup = burst == 1 or (ws is not None and ws not in looked)
+            lookup = lookup and len(looked) < BURST_LOOKUPS
+            if lookup and ws:
+                looked.add(ws)
+            try:
+                got = await w.confirmer.facts(rec, lookup=lookup)
+            except (CoderError, PayloadError) as exc:
+                log.info(
+                    "diagnosis.partial", identity=rec.identity, chat_id=rec.chat_id, error=str(exc)
+                )
+                got = Facts(record=rec)
+            facts.append(got)
+        fired: list[Alert] = []
+        for (rec, clock, name, age, limit, since, fp), got in zip(due, facts, strict=True):
+            # The record may have moved while we gathered facts.
+            current = self.store.get(rec.identity, rec.chat_id)
+            if current is None or current.status != rec.status or current.since != rec.since:
+                continue
+            if fp in self.firing:
+                continue
+            alert = self._chat_alert(
+                w,
+                rec,
+                name=name,
+                age=age,
+                limit=limit,
+                since=since,
+                facts=got,
+                fp=fp,
+                clock=clock,
+                burst=burst,
             )
-            facts = Facts(record=rec)
-        # The record may have moved while we gathered facts.
-        current = self.store.get(rec.identity, rec.chat_id)
-        if current is None or current.status != rec.status or current.since != rec.since:
-            return
-        alert = self._chat_alert(
-            w, rec, name=name, age=age, limit=limit, since=since, facts=facts, fp=fp, clock=clock
-        )
-        self._fire(alert, identity=rec.identity, chat_id=rec.chat_id)
+            self._fire(alert, identity=rec.identity, chat_id=rec.chat_id, quiet=burst > 1)
+            fired.append(alert)
+        if burst > 1 and fired:
+            names = Counter(a.name for a in fired)
+            log.warning(
+                "alerts.firing",
+                identity=w.health.name,
+                count=len(fired),
+                alertnames=dict(names),
+                chat_ids=[a.labels.get("chat_id") for a in fired[:10]],
+                note="went past their budgets together; one line per alert at debug level",
+            )
 
     def _chat_alert(
         self,
@@ -452,50 +528,52 @@ class Detector:
         facts: Facts,
         fp: str,
         clock: str,
+        burst: int = 1,
     ) -> Alert:
         deployment = w.health.deployment
         labels: dict[str, str] = {}
+        keys = self._label_keys
         for k, v in rec.labels:
-            labels[f"chat_label_{_LABEL_KEY.sub('_', k)}"] = v
+            key = keys.get(k)
+            if key is None:
+                key = keys[k] = f"chat_label_{_LABEL_KEY.sub('_', k)}"
+                if len(keys) > 10_000:
+                    keys.clear()
+            labels[key] = v
         labels.update(w.labels)
-        labels.update(
-            {
-                "alertname": name,
-                "identity": rec.identity,
-                "deployment": deployment,
-                "status": rec.status,
-                "severity": SEVERITY[name],
-                "owner": rec.owner,
-                "chat_id": rec.chat_id,
-            }
-        )
+        labels["alertname"] = name
+        labels["identity"] = rec.identity
+        labels["deployment"] = deployment
+        labels["status"] = rec.status
+        labels["severity"] = SEVERITY[name]
+        labels["owner"] = rec.owner
+        labels["chat_id"] = rec.chat_id
         title = rec.title or "(untitled)"
+        age_text = self._duration(age)
+        limit_text = self._duration(limit)
         if name == "ChatStalled":
             summary = (
                 f'Chat "{title}" has made no server-side progress for '
-                f"{format_duration(age)} while running (budget {format_duration(limit)})"
+                f"{age_text} while running (budget {limit_text})"
             )
             clock_text = "stalled: time since updated_at last moved"
         elif name == "ChatFailed":
             summary = f'Chat "{title}" failed'
             clock_text = CLOCK_TEXT.get(rec.clock, rec.clock)
         else:
-            summary = (
-                f'Chat "{title}" has been {rec.status} for {format_duration(age)} '
-                f"(budget {format_duration(limit)})"
-            )
+            summary = f'Chat "{title}" has been {rec.status} for {age_text} (budget {limit_text})'
             clock_text = CLOCK_TEXT.get(rec.clock, rec.clock)
         annotations = {
             "summary": summary,
             "title": title,
-            "time_in_status": format_duration(age),
+            "time_in_status": age_text,
             "time_in_status_seconds": f"{age:.0f}",
-            "budget": format_duration(limit),
+            "budget": limit_text,
             "since": iso(since),
             "clock": rec.clock if clock == "status" else "stalled",
             "clock_description": clock_text,
             "link": self.link_template.format(deployment=deployment, chat_id=rec.chat_id),
-            "hint": hint(facts),
+            "hint": hint(facts, burst=burst),
         }
         if rec.workspace_id:
             annotations["workspace_id"] = rec.workspace_id
@@ -523,6 +601,16 @@ class Detector:
         return Alert(
             fingerprint=fp, labels=labels, annotations=annotations, starts_at=self.wall.now()
         )
+
+    def _duration(self, seconds: float) -> str:
+        """format_duration, remembered: a burst repeats the same few values."""
+        whole = round(seconds)
+        text = self._durations.get(whole)
+        if text is None:
+            if len(self._durations) > 4096:
+                self._durations.clear()
+            text = self._durations[whole] = format_duration(whole)
+        return text
 
     # -- identity health ----------------------------------------------------------
 
@@ -583,7 +671,9 @@ class Detector:
             self._firing_clocks[(identity, chat, clock)] = alert.fingerprint
             self.timers.cancel((identity, chat, clock))
 
-    def _fire(self, alert: Alert, *, identity: str, chat_id: str | None) -> None:
+    def _fire(
+        self, alert: Alert, *, identity: str, chat_id: str | None, quiet: bool = False
+    ) -> None:
         self._remember(alert)
         if self.db is not None:
             self.db.save_alert(
@@ -591,15 +681,15 @@ class Detector:
                     alert.fingerprint,
                     identity,
                     chat_id,
-                    dict(alert.labels),
-                    dict(alert.annotations),
+                    alert.labels,
+                    alert.annotations,
                     alert.starts_at,
                     alert.ends_at,
                 )
             )
         self.counters["fired"] += 1
         self.history.append(alert)
-        log.warning(
+        (log.debug if quiet else log.warning)(
             "alert.firing",
             alertname=alert.name,
             identity=identity,

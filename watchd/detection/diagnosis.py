@@ -17,9 +17,12 @@ class Facts:
     record: ChatRecord
     build: WorkspaceBuild | None = None
     quota: Quota | None = None
+    # False when the chat has a workspace whose build was not read (the bulk of a burst).
+    build_checked: bool = True
 
 
-def hint(facts: Facts) -> str:
+def hint(facts: Facts, *, burst: int = 1) -> str:
+    """``burst``: how many chats went past their budget in the same confirmation."""
     rec = facts.record
     if rec.status == "requires_action":
         return (
@@ -68,6 +71,12 @@ def hint(facts: Facts) -> str:
             "workspace quota is exhausted "
             f"({facts.quota.credits_consumed}/{facts.quota.budget} credits): new builds "
             "will fail; reclaim credits by deleting workspaces"
+        )
+    if not facts.build_checked and burst > 1:
+        return (
+            f"{burst} chats went past their budget together: look for a shared cause "
+            "(deployment, provisioners, quota, the model provider) before acting on single "
+            "chats; this chat's workspace build was not read (only a few per burst are)"
         )
     return (
         "no progress signal explains it: a genuinely slow turn (raise the budget or "

@@ -8,11 +8,14 @@ commits them in one transaction; alert state is written at once.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sqlite3
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -57,8 +60,8 @@ class StoredAlert:
     fingerprint: str
     identity: str
     chat_id: str | None
-    labels: dict[str, str]
-    annotations: dict[str, str]
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
     starts_at: float
     ends_at: float | None
 
@@ -85,11 +88,27 @@ class NflogEntry:
     expires_at: float
 
 
+_Batch = tuple[
+    dict[tuple[str, str], ChatRecord | None],
+    dict[str, "StoredAlert | None"],
+    dict[tuple[str, str, str], "Body | None"],
+]
+
+
+class Body(Protocol):
+    """Something that knows its JSON form (an alert held by an aggregation group)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
 class StateDB:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.path), isolation_level=None)
+        # One connection, guarded by one lock: the big once-a-second write runs in a
+        # worker thread (sqlite releases the GIL), everything else on the event loop.
+        self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        self._lock = threading.Lock()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
@@ -102,12 +121,13 @@ class StateDB:
         # every send) keeps that from paging twice.
         # Serialised at flush time, not when queued: a burst of alerts costs one pass.
         self._alerts: dict[str, StoredAlert | None] = {}
-        self._dispatch: dict[tuple[str, str, str], dict[str, Any] | None] = {}
+        self._dispatch: dict[tuple[str, str, str], Body | None] = {}
         self.writes = 0
 
     def close(self) -> None:
         self.flush()
-        self._db.close()
+        with self._lock:
+            self._db.close()
 
     # -- chats --------------------------------------------------------------------
 
@@ -122,14 +142,44 @@ class StateDB:
         return len(self._dirty) + len(self._alerts) + len(self._dispatch)
 
     def flush(self) -> int:
+        """Write what is pending now, on the calling thread."""
+        with self._lock:
+            return self._write(self._take())
+
+    async def flush_async(self) -> int:
+        """Write what is pending in a worker thread, so a burst (ten thousand alerts and
+        their groups) does not stall the event loop while it commits."""
         if not (self._dirty or self._alerts or self._dispatch):
             return 0
-        dirty, self._dirty = self._dirty, {}
-        alerts, self._alerts = self._alerts, {}
-        dispatch, self._dispatch = self._dispatch, {}
+        # Taken under the lock on the loop thread and written before it is released, so a
+        # later flush can never commit older data over newer.
+        self._lock.acquire()
+        try:
+            batch = self._take()
+        except BaseException:
+            self._lock.release()
+            raise
+        return await asyncio.to_thread(self._write_and_release, batch)
+
+    def _write_and_release(self, batch: _Batch) -> int:
+        try:
+            return self._write(batch)
+        finally:
+            self._lock.release()
+
+    def _take(self) -> _Batch:
+        batch = (self._dirty, self._alerts, self._dispatch)
+        self._dirty, self._alerts, self._dispatch = {}, {}, {}
+        return batch
+
+    def _write(self, batch: _Batch) -> int:
+        """Commit one batch (the lock is held)."""
+        dirty, alerts, dispatch = batch
+        if not (dirty or alerts or dispatch):
+            return 0
         upserts = [_row(r) for r in dirty.values() if r is not None]
         deletes = [k for k, r in dirty.items() if r is None]
-        with self._tx():
+        with self._begin():
             if upserts:
                 self._db.executemany(
                     "INSERT OR REPLACE INTO chats VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", upserts
@@ -146,7 +196,7 @@ class StateDB:
             )
             self._db.executemany(
                 "INSERT OR REPLACE INTO dispatch VALUES (?,?,?,?)",
-                [(*k, _dumps(body)) for k, body in dispatch.items() if body is not None],
+                [(*k, _dumps(body.to_json())) for k, body in dispatch.items() if body is not None],
             )
             self._db.executemany(
                 "DELETE FROM dispatch WHERE receiver=? AND group_key=? AND fingerprint=?",
@@ -157,7 +207,7 @@ class StateDB:
         return n
 
     def load_chats(self) -> list[ChatRecord]:
-        rows = self._db.execute("SELECT * FROM chats").fetchall()
+        rows = self._query("SELECT * FROM chats")
         return [_record(r) for r in rows]
 
     def forget_identity(self, identity: str) -> None:
@@ -175,10 +225,10 @@ class StateDB:
 
     def load_alerts(self) -> list[StoredAlert]:
         self.flush()
-        rows = self._db.execute(
+        rows = self._query(
             "SELECT fingerprint, identity, chat_id, labels, annotations, starts_at, ends_at "
             "FROM alerts"
-        ).fetchall()
+        )
         return [
             StoredAlert(f, i, c, orjson.loads(lab), orjson.loads(ann), s, e)
             for f, i, c, lab, ann, s, e in rows
@@ -187,13 +237,14 @@ class StateDB:
     # -- notification log: what each receiver was last told, per group ----------
 
     def nflog_get(self, receiver: str, group_key: str) -> NflogEntry | None:
-        row = self._db.execute(
+        rows = self._query(
             "SELECT firing, resolved, sent_at, expires_at FROM nflog "
             "WHERE receiver=? AND group_key=?",
             (receiver, group_key),
-        ).fetchone()
-        if row is None:
+        )
+        if not rows:
             return None
+        row = rows[0]
         return NflogEntry(
             receiver,
             group_key,
@@ -225,9 +276,8 @@ class StateDB:
 
     # -- alerts held by aggregation groups, so a restart loses no pending resolve --
 
-    def dispatch_save(
-        self, receiver: str, group_key: str, fingerprint: str, alert: dict[str, Any]
-    ) -> None:
+    def dispatch_save(self, receiver: str, group_key: str, fingerprint: str, alert: Body) -> None:
+        """``alert`` is serialised (``to_json()``) when the batch is written."""
         self._dispatch[(receiver, group_key, fingerprint)] = alert
 
     def dispatch_delete(self, receiver: str, group_key: str, fingerprints: Iterable[str]) -> None:
@@ -236,18 +286,18 @@ class StateDB:
 
     def dispatch_load(self) -> list[tuple[str, str, dict[str, Any]]]:
         self.flush()
-        rows = self._db.execute("SELECT receiver, group_key, alert FROM dispatch").fetchall()
+        rows = self._query("SELECT receiver, group_key, alert FROM dispatch")
         return [(r, g, orjson.loads(a)) for r, g, a in rows]
 
     # -- sweep progress: what was done to which chat, so a restart never acts twice ---
 
     def sweep_get(self, identity: str, chat_id: str, policy: str) -> SweepEntry | None:
-        row = self._db.execute(
+        rows = self._query(
             "SELECT since, state, attempts, updated, detail FROM sweep "
             "WHERE identity=? AND chat_id=? AND policy=?",
             (identity, chat_id, policy),
-        ).fetchone()
-        return None if row is None else SweepEntry(identity, chat_id, policy, *row)
+        )
+        return SweepEntry(identity, chat_id, policy, *rows[0]) if rows else None
 
     def sweep_put(self, e: SweepEntry) -> None:
         with self._tx():
@@ -266,11 +316,11 @@ class StateDB:
             )
 
     def sweep_in_state(self, state: str) -> list[SweepEntry]:
-        rows = self._db.execute(
+        rows = self._query(
             "SELECT identity, chat_id, policy, since, state, attempts, updated, detail "
             "FROM sweep WHERE state=?",
             (state,),
-        ).fetchall()
+        )
         return [SweepEntry(*r) for r in rows]
 
     # -- runtime silences -----------------------------------------------------------
@@ -286,16 +336,40 @@ class StateDB:
             self._db.execute("DELETE FROM silences WHERE id=?", (silence_id,))
 
     def silences_load(self) -> list[dict[str, Any]]:
-        return [orjson.loads(b) for (b,) in self._db.execute("SELECT body FROM silences")]
+        return [orjson.loads(b) for (b,) in self._query("SELECT body FROM silences")]
 
     # -- plumbing -----------------------------------------------------------------
 
-    def _tx(self) -> _Tx:
-        return _Tx(self._db)
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[None]:
+        """A write transaction on the calling thread."""
+        with self._lock, self._begin():
+            yield
+
+    @contextlib.contextmanager
+    def _begin(self) -> Iterator[None]:
+        """BEGIN … COMMIT (ROLLBACK on error); the caller holds the lock."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
 
 def _dumps(obj: Any) -> str:
-    return orjson.dumps(obj).decode()
+    return orjson.dumps(obj, default=_plain).decode()
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
 def _alert_row(row: StoredAlert) -> tuple[Any, ...]:
@@ -308,17 +382,6 @@ def _alert_row(row: StoredAlert) -> tuple[Any, ...]:
         row.starts_at,
         row.ends_at,
     )
-
-
-class _Tx:
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-
-    def __enter__(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
 def _row(r: ChatRecord) -> tuple[Any, ...]:

@@ -29,7 +29,7 @@ from watchd import logs
 from watchd.coder.backoff import Backoff
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.models import Chat, Quota, WatchEvent
+from watchd.coder.models import Chat, Quota, WatchEvent, WorkspaceBuild
 from watchd.coder.watchstream import (
     DEFAULT_HEARTBEAT,
     ResyncNeeded,
@@ -43,6 +43,8 @@ from watchd.detection.health import IdentityHealth
 from watchd.store.chats import ChatRecord, ChatStore
 
 log = logs.get("watchd.watching")
+
+BUILD_CACHE = 1_000  # workspace builds remembered for diagnosis (oldest dropped first)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class IdentityWatcher:
         self._relist_lock = asyncio.Lock()
         self._quota: tuple[float, Quota | None] | None = None
         self._buffer: list[WatchEvent] | None = None
+        # workspace id -> (monotonic time read, latest build): shared by a burst's verdicts.
+        self._builds: dict[str, tuple[float, WorkspaceBuild]] = {}
 
     # -- loop 1: reconnect forever ------------------------------------------------
 
@@ -275,12 +279,25 @@ class IdentityWatcher:
     async def get_chat(self, chat_id: str) -> Chat:
         return await self.client.get_chat(chat_id)
 
-    async def facts(self, record: ChatRecord) -> Facts:
+    async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
+        """What explains a stuck chat. ``lookup=False`` (the bulk of a burst) uses only
+        what is cached, so ten thousand verdicts never queue ten thousand GETs."""
         build = None
-        if record.workspace_id and record.status != "requires_action":
-            build = await self.client.workspace(record.workspace_id)
+        ws = record.workspace_id
+        checked = True
+        if ws and record.status != "requires_action":
+            cached = self._builds.get(ws)
+            if cached is not None and time.monotonic() - cached[0] < self.settings.quota_ttl:
+                build = cached[1]
+            elif lookup:
+                build = await self.client.workspace(ws)
+                if len(self._builds) >= BUILD_CACHE:
+                    self._builds.pop(next(iter(self._builds)))
+                self._builds[ws] = (time.monotonic(), build)
+            else:
+                checked = False
         quota = await self._quota_now()
-        return Facts(record=record, build=build, quota=quota)
+        return Facts(record=record, build=build, quota=quota, build_checked=checked)
 
     async def _quota_now(self) -> Quota | None:
         now = time.monotonic()

@@ -22,9 +22,21 @@ ZERO_TIME = "0001-01-01T00:00:00Z"
 def rfc3339(ts: float | None) -> str:
     if ts is None:
         return ZERO_TIME
-    return (
-        datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    )
+    ms = round(ts * 1000)
+    text = _RFC3339.get(ms)
+    if text is None:
+        # Alerts of one burst share their millisecond: remember the last few thousand.
+        if len(_RFC3339) >= 4096:
+            _RFC3339.clear()
+        text = _RFC3339[ms] = (
+            datetime.fromtimestamp(ms / 1000, tz=UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z")
+        )
+    return text
+
+
+_RFC3339: dict[int, str] = {}
 
 
 @dataclass(frozen=True)
@@ -60,7 +72,10 @@ def _common(maps: list[Mapping[str, str]]) -> dict[str, str]:
         return {}
     out = dict(maps[0])
     for m in maps[1:]:
-        out = {k: v for k, v in out.items() if m.get(k) == v}
+        for k in [k for k, v in out.items() if m.get(k) != v]:
+            del out[k]
+        if not out:
+            break
     return out
 
 
@@ -148,4 +163,13 @@ def classify_http(
 
 
 def dumps(obj: Any) -> bytes:
-    return orjson.dumps(obj)
+    return orjson.dumps(obj, default=_plain)
+
+
+def _plain(obj: Any) -> Any:
+    """What orjson does not serialise itself: other mappings (alert labels are Mappings)."""
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    if isinstance(obj, (tuple, set, frozenset)):
+        return list(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

@@ -48,8 +48,8 @@ class ConsoleNotifier:
 def am_alert(a: Alert, *, generator_url: str) -> dict[str, Any]:
     return {
         "status": a.status,
-        "labels": dict(a.labels),
-        "annotations": dict(a.annotations),
+        "labels": a.labels,
+        "annotations": a.annotations,
         "startsAt": rfc3339(a.starts_at),
         "endsAt": rfc3339(a.ends_at),
         "generatorURL": generator_url,
