@@ -156,13 +156,19 @@ def scale(users: int, per_user: int, idle_window: float) -> list[Row]:
 
 
 def reconcile_cpu(chats: int) -> list[Row]:
-    """The daemon-side work of one full reconcile pass (decode, parse, diff, detector)."""
+    """The daemon-side work of one full reconcile pass: the watcher's own ``relist()``
+    (decode, parse, diff, detector) over canned pages, so the server costs nothing."""
+    import orjson
+
     from watchd.clock import ServerClock
-    from watchd.coder.models import flatten, parse_chat
+    from watchd.coder.client import CoderClient
+    from watchd.coder.transport import Response
     from watchd.config import Budgets
     from watchd.detection.detector import Detector
     from watchd.detection.health import IdentityHealth
     from watchd.sim.state import SimState
+    from watchd.store.chats import ChatStore
+    from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
     state = SimState(seed=1)
     user = state.add_user("u")
@@ -170,39 +176,46 @@ def reconcile_cpu(chats: int) -> list[Row]:
         state.add_chat(
             user, title=f"c{i}", status="running" if i % 3 else "waiting", age=60, publish=False
         )
+    rows = list(state.chats.values())
     pages = [
-        json.dumps([state.chat_json(c) for c in list(state.chats.values())[k : k + 100]])
+        json.dumps([state.chat_json(c) for c in rows[k : k + 100]]).encode()
         for k in range(0, chats, 100)
     ]
+    after = {rows[k - 1].id: i for i, k in enumerate(range(0, chats, 100))}
+
+    class Canned(CoderClient):
+        async def _chat_call(self, method: str, suffix: str, **kw: Any) -> Response:
+            cursor = dict(kw.get("params") or []).get("after_id")
+            body = pages[after[cursor]] if cursor else pages[0]
+            return Response(status=200, headers={}, body=body)
 
     class Sink:
         def put(self, alert: object) -> None:
             pass
 
-    class Conf:
-        async def get_chat(self, chat_id: str) -> Any: ...
-        async def relist(self) -> None: ...
-        async def facts(self, record: Any) -> Any: ...
-
     async def run() -> tuple[float, float]:
-        from watchd.store.chats import ChatStore
-
         store = ChatStore()
         det = Detector(store=store, sink=Sink())
         health = IdentityHealth(
             name="u", deployment="x", server_clock=ServerClock(), unhealthy_after=60
         )
-        det.register(health, confirmer=Conf(), budgets=Budgets(), labels={})  # type: ignore[arg-type]
-        now = time.time()
-        first = [parse_chat(c) for p in pages for c in json.loads(p)]
-        det.apply("u", store.apply_listing("u", flatten(first), now=now, started=now))
+        watcher = IdentityWatcher(
+            health=health,
+            client=Canned(None),  # type: ignore[arg-type]
+            store=store,
+            detector=det,
+            listing_gate=asyncio.Semaphore(1),
+            settings=WatchSettings(),
+        )
+        det.register(health, confirmer=watcher, budgets=Budgets(), labels={})
+        await watcher.relist()  # the seed: every chat is new
+        assert len(store) == chats
         c0 = time.process_time()
-        chats_ = [parse_chat(c) for p in pages for c in json.loads(p)]
-        det.apply("u", store.apply_listing("u", flatten(chats_), now=now + 1, started=now + 1))
+        await watcher.relist()  # the reconcile: nothing changed
         ours = time.process_time() - c0
         c1 = time.process_time()
         for p in pages:
-            json.loads(p)
+            orjson.loads(p)
         bare = time.process_time() - c1
         await det.unregister("u", reason="bench")
         return ours, bare
@@ -214,7 +227,7 @@ def reconcile_cpu(chats: int) -> list[Row]:
             ours / chats * 1e6,
             "µs",
             bare / chats * 1e6,
-            "json.loads of the same pages",
+            "orjson.loads of the same pages (the daemon's decoder)",
             "≤ 10 µs",
         )
     ]

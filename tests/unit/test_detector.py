@@ -13,9 +13,9 @@ import pytest
 from watchd.alerting.model import Alert
 from watchd.clock import ServerClock
 from watchd.coder.errors import CoderError
-from watchd.coder.models import Chat, ChatId
+from watchd.coder.models import Chat, ChatId, WorkspaceBuild
 from watchd.config import Budgets
-from watchd.detection.detector import Detector
+from watchd.detection.detector import BURST_LOOKUPS, Detector
 from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth
 from watchd.store.chats import ChatRecord, ChatStore
@@ -40,6 +40,7 @@ class Server:
     fail: bool = False
     gets: int = 0
     lists: int = 0
+    lookups: int = 0
 
 
 class FakeConfirmer:
@@ -67,7 +68,11 @@ class FakeConfirmer:
         )
 
     async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
-        return Facts(record=record)
+        if record.workspace_id and lookup:
+            self.server.lookups += 1
+            build = WorkspaceBuild(record.workspace_id, "running")
+            return Facts(record=record, build=build)
+        return Facts(record=record, build_checked=not record.workspace_id)
 
 
 class Sink:
@@ -288,6 +293,52 @@ async def test_many_due_confirm_with_one_listing() -> None:
         await r.settle()
         assert len(r.sink.alerts) == 12
         assert r.server.lists == 1 and r.server.gets == 0
+
+
+async def test_a_burst_coming_due_over_time_is_confirmed_by_one_listing() -> None:
+    """Chats crossing their budget 10 ms apart are confirmed together: one listing, no GETs."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        base = r.clock.now() - 60 + 0.005
+        for i in range(12):
+            r.see(f"c{i}", "running", base + i * 0.01)
+        await r.settle()
+        assert r.sink.alerts == []
+        for _ in range(13):
+            r.advance(0.01)
+            await asyncio.sleep(0.01)
+        await r.settle()
+        assert len(r.sink.alerts) == 12
+        assert (r.server.lists, r.server.gets) == (1, 0)
+
+
+async def test_a_burst_reads_only_a_few_workspace_builds() -> None:
+    """Thirty chats due together cost at most BURST_LOOKUPS build reads; the rest say why not."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.health.set_state("seeding")
+        for i in range(30):
+            r.see(f"c{i}", "running", r.clock.now() - 120, workspace_id=f"ws-{i}")
+        await r.settle()
+        r.ready()
+        await r.settle()
+        assert len(r.sink.alerts) == 30
+        assert r.server.lookups == BURST_LOOKUPS
+        unread = [a for a in r.sink.alerts if "workspace_build" not in a.annotations]
+        assert len(unread) == 30 - BURST_LOOKUPS
+        assert all(
+            "30 chats went past their budget together" in a.annotations["hint"] for a in unread
+        )
+
+
+async def test_a_single_due_chat_reads_its_workspace_build() -> None:
+    """A chat confirmed on its own always gets its workspace build read."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 120, workspace_id="ws-1")
+        await r.settle()
+        assert r.server.lookups == 1
+        assert r.sink.alerts[0].annotations["workspace_build"] == "running"
 
 
 async def test_resolves_when_the_chat_moves_on_and_never_refires() -> None:

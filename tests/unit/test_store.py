@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-from watchd.coder.models import Chat, ChatId
-from watchd.store.chats import ChatStore
+import asyncio
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from watchd.coder.errors import PayloadError
+from watchd.coder.models import Chat, ChatId, flatten, parse_chat
+from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.persistence import StateDB
 
 
 def chat(cid: str, status: str, updated: float | None, **kw: object) -> Chat:
@@ -96,3 +106,92 @@ def test_capacity_bound_counts_overflow() -> None:
     for i in range(3):
         s.observe("a", chat(f"c{i}", "running", 1.0), now=1.0, via="listing")
     assert len(s) == 2 and s.overflow == 1
+
+
+def _row(
+    cid: str, status: str = "running", updated: str = "2026-11-29T10:00:00Z", **kw: object
+) -> dict[str, object]:
+    return {"id": cid, "status": status, "updated_at": updated, "title": "t", **kw}
+
+
+ROW_VARIANTS = [
+    _row("c1"),  # unchanged
+    _row("c1", status="waiting"),
+    _row("c1", updated="2026-11-29T10:05:00Z"),
+    _row("c1", updated="2026-11-29T09:55:00Z"),  # stale
+    _row("c1", title="renamed"),
+    _row("c1", title=""),
+    _row("c1", title="x" * 250),
+    _row("c1", queued_for_capacity=True),
+    _row("c1", queued_for_capacity="yes"),
+    _row("c1", archived=True),
+    _row("c1", children=[_row("k1")]),
+    _row("c1", updated="2026-11-29T10:00:00+00:00"),  # the same instant, spelt differently
+    _row("c1", updated="2026-11-29T10:00:00"),  # zone-less: read as UTC, the same instant
+    _row("n1"),  # new
+]
+
+
+@pytest.mark.parametrize("row", ROW_VARIANTS, ids=[str(i) for i in range(len(ROW_VARIANTS))])
+def test_listing_rows_fast_path_agrees_with_parse_and_observe(row: dict[str, object]) -> None:
+    """A raw listing row changes the store exactly as parsing it and observing it would."""
+    seeded = _row("c1")
+    fast, slow = ChatStore(), ChatStore()
+    for s in (fast, slow):
+        s.observe("a", parse_chat(seeded), now=100.0, via="listing")
+    got = fast.observe_rows("a", [row], now=200.0, present=set())
+    want = []
+    for c in flatten([parse_chat(row)]):
+        change = slow.observe("a", c, now=200.0, via="listing")
+        if change is not None:
+            want.append(change)
+    assert [(c.kind, c.record) for c in got] == [(c.kind, c.record) for c in want]
+    assert list(fast.records()) == list(slow.records())
+
+
+def test_unchanged_listing_row_is_seen_without_parsing() -> None:
+    """An unchanged row only moves the last-seen time, so the listing spares it from tombstoning."""
+    s = ChatStore()
+    s.observe("a", parse_chat(_row("c1")), now=100.0, via="listing")
+    present: set[str] = set()
+    assert s.observe_rows("a", [_row("c1")], now=200.0, present=present) == []
+    assert present == {"c1"}
+    assert s.finish_listing("a", present, started=150.0) == []
+    assert s.finish_listing("a", set(), started=250.0)[0].reason == "vanished"
+
+
+def test_bad_listing_row_names_its_index() -> None:
+    """A row that cannot be read raises a PayloadError naming it."""
+    s = ChatStore()
+    with pytest.raises(PayloadError, match=r"chats\[1\]\.updated_at"):
+        s.observe_rows("a", [_row("c1"), _row("c2", updated="yesterday")], now=1.0, present=set())
+
+
+def test_long_title_does_not_refresh_every_listing() -> None:
+    """A title longer than what is kept compares equal to itself on the next listing."""
+    s = ChatStore()
+    s.observe("a", parse_chat(_row("c1", title="y" * 400)), now=100.0, via="listing")
+    assert s.observe("a", parse_chat(_row("c1", title="y" * 400)), now=200.0, via="listing") is None
+
+
+async def test_threaded_state_flush_commits_off_the_loop_and_in_order(tmp_path: Path) -> None:
+    """The periodic flush commits in a worker thread; a flush queued behind it writes after it."""
+    db = StateDB(tmp_path / "state.sqlite3")
+    threads: list[int] = []
+    write = db._write
+
+    def spy(batch: Any) -> int:
+        threads.append(threading.get_ident())
+        return write(batch)
+
+    db._write = spy  # type: ignore[method-assign]
+    first = ChatRecord("a", "c1", "running", 1.0, "transition", 1.0, 1.0, version=1)
+    db.mark(first)
+    task = asyncio.ensure_future(db.flush_async())
+    await asyncio.sleep(0)  # the batch is taken (and the connection held) by the worker
+    db.mark(replace(first, status="waiting", version=2))
+    db.flush()  # waits for the worker's commit, then commits the newer record
+    assert await task == 1
+    assert [(r.status, r.version) for r in db.load_chats()] == [("waiting", 2)]
+    assert threads[0] != threading.get_ident() and threads[1] == threading.get_ident()
+    db.close()

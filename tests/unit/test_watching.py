@@ -272,3 +272,31 @@ async def test_auth_failure_is_contained_and_heals(
         assert "401" in rb.health.last_error
         bob.revoked = False  # the operator rotated the token (here: un-revoked it)
         await eventually(lambda: rb.health.ready, within=10)
+
+
+async def test_diagnosis_reads_a_workspace_build_once_and_only_when_asked(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """Two stuck chats on one workspace cost one build read; lookup=False reads nothing."""
+    alice = sim.state.add_user("alice")
+    ws = sim.state.add_workspace(alice, build_status="pending")
+    other = sim.state.add_workspace(alice)
+    a = sim.state.add_chat(alice, status="running", workspace=ws)
+    b = sim.state.add_chat(alice, status="running", workspace=ws)
+    c = sim.state.add_chat(alice, status="running", workspace=other)
+    async with watching(sim, alice, session) as r:
+        await eventually(lambda: r.health.ready)
+        seen = len(r.events.events)
+        recs = [r.store.get("alice", x.id) for x in (a, b, c)]
+        assert all(rec is not None for rec in recs)
+        fa = await r.watcher.facts(recs[0])  # type: ignore[arg-type]
+        fb = await r.watcher.facts(recs[1])  # type: ignore[arg-type]
+        fc = await r.watcher.facts(recs[2], lookup=False)  # type: ignore[arg-type]
+        workspace_gets = [
+            e
+            for _, e in r.events.events[seen:]
+            if e["type"] == "http:request" and "/workspaces/" in e["path"]
+        ]
+        assert fa.build is not None and fa.build.status == "pending" and fb.build == fa.build
+        assert fc.build is None and not fc.build_checked
+        assert len(workspace_gets) == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 from watchd.coder.backoff import Backoff
@@ -148,39 +149,56 @@ class CoderClient:
     async def list_chats(
         self, *, archived: bool = False, labels: dict[str, str] | None = None
     ) -> list[Chat]:
-        """Every chat this token owns (roots and their children, flattened, each once).
+        """Every chat this token owns (roots and their children, flattened, each once;
+        a row repeated by paging keeps its position and its latest content)."""
+        latest: dict[str, Chat] = {}
+        async for rows in self.chat_rows(archived=archived, labels=labels):
+            roots = [parse_chat(row, where=f"chats[{i}]") for i, row in enumerate(rows)]
+            for chat in flatten(roots):
+                latest[chat.id] = chat
+        return list(latest.values())
 
-        Keyset pagination with ``after_id``; rows bumped mid-sweep can repeat,
-        so results are de-duplicated by id.
+    async def chat_rows(
+        self, *, archived: bool = False, labels: dict[str, str] | None = None
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """The listing one page at a time, as decoded rows (parse them with
+        :func:`parse_chat`): a caller that already knows most rows need not parse them.
+
+        Keyset pagination with ``after_id``; rows bumped mid-sweep can repeat and are
+        yielded again (the later copy is the newer one). Stops at a short page, or at a
+        page with nothing new (a server that ignores the cursor).
         """
         base: list[tuple[str, str]] = [("limit", str(PAGE_LIMIT))]
         if archived:
             base.append(("q", "archived:true"))
         for key, value in sorted((labels or {}).items()):
             base.append(("label", f"{key}:{value}"))
-        seen: dict[str, Chat] = {}
-        order: list[Chat] = []
+        seen: set[str] = set()
         after: str | None = None
         for _page in range(MAX_PAGES):
             params = list(base)
             if after:
                 params.append(("after_id", after))
             resp = await self._chat_call("GET", "/chats", params=params)
-            body = resp.json()
-            if not isinstance(body, list):
-                raise PayloadError("chats", f"expected a JSON array, got {type(body).__name__}")
-            page = [parse_chat(row, where=f"chats[{i}]") for i, row in enumerate(body)]
+            rows = resp.json()
+            if not isinstance(rows, list):
+                raise PayloadError("chats", f"expected a JSON array, got {type(rows).__name__}")
             fresh = 0
-            for chat in page:
-                if chat.id not in seen:
+            last: str | None = None
+            for i, row in enumerate(rows):
+                chat_id = row.get("id") if isinstance(row, dict) else None
+                if not isinstance(chat_id, str) or not chat_id:
+                    parse_chat(row, where=f"chats[{i}]")  # raises, naming what is wrong
+                    raise PayloadError(f"chats[{i}].id", "missing or not a string")
+                if chat_id not in seen:
                     fresh += 1
-                    order.append(chat)
-                seen[chat.id] = chat
-            if len(page) < PAGE_LIMIT or fresh == 0:
+                    seen.add(chat_id)
+                last = chat_id
+            yield rows
+            if len(rows) < PAGE_LIMIT or fresh == 0 or last is None:
                 break
-            after = page[-1].id
+            after = last
         self.relists += 1
-        return flatten([seen[c.id] for c in order])
 
     async def get_chat(self, chat_id: str) -> Chat:
         resp = await self._chat_call("GET", f"/chats/{chat_id}")

@@ -120,6 +120,15 @@ def parse_time(value: Any, *, field_name: str) -> float | None:
 
 
 _fromiso = datetime.fromisoformat
+TITLE_MAX = 200
+
+
+def timestamp(text: str) -> float:
+    """An RFC 3339 timestamp as epoch seconds (zone-less read as UTC); ValueError if not."""
+    parsed = _fromiso(text)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
 
 
 def _opt_str(obj: dict[str, Any], key: str) -> str | None:
@@ -170,14 +179,11 @@ def parse_chat(obj: Any, *, where: str = "chat") -> Chat:
     updated_raw = get("updated_at")
     if type(updated_raw) is str and updated_raw:
         try:
-            parsed = _fromiso(updated_raw)
+            updated_at: float | None = timestamp(updated_raw)
         except ValueError:
             raise PayloadError(
                 f"{where}.updated_at", f"not an RFC 3339 timestamp: {updated_raw[:40]!r}"
             ) from None
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=UTC)
-        updated_at: float | None = parsed.timestamp()
     else:
         updated_at = parse_time(updated_raw, field_name=f"{where}.updated_at")
     labels_raw = get("labels")
@@ -215,7 +221,7 @@ def parse_chat(obj: Any, *, where: str = "chat") -> Chat:
         else str(workspace),
         None if parent is None else (parent or None) if type(parent) is str else str(parent),
         None if root is None else (root or None) if type(root) is str else str(root),
-        title[:300] if type(title) is str else _str(obj, "title")[:300],
+        title[:TITLE_MAX] if type(title) is str else _str(obj, "title")[:TITLE_MAX],
         get("archived") is True,
         labels,
         None if last_error is None else parse_chat_error(last_error),

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import NewType
+from typing import Any, NewType
 
-from watchd.coder.models import Chat, ChatError
+from watchd.coder.models import TITLE_MAX, Chat, ChatError, flatten, parse_chat, timestamp
 
 Identity = NewType("Identity", str)
 ChatKey = tuple[str, str]  # (identity, chat id)
@@ -209,18 +209,60 @@ class ChatStore:
     def apply_listing(
         self, identity: str, chats: Iterable[Chat], *, now: float, started: float
     ) -> list[Change]:
-        """A complete listing: upsert every row, tombstone what it no longer holds.
-
-        Records observed after the listing ``started`` are spared: an event
-        that arrived mid-listing is newer than the listing's view of absence.
-        """
-        changes: list[Change] = []
+        """A complete listing: upsert every row, tombstone what it no longer holds."""
         present: set[str] = set()
+        changes = self.observe_page(identity, chats, now=now, present=present)
+        changes += self.finish_listing(identity, present, started=started)
+        return changes
+
+    def observe_page(
+        self, identity: str, chats: Iterable[Chat], *, now: float, present: set[str]
+    ) -> list[Change]:
+        """One page of a listing: upsert every row; note its ids in ``present``."""
+        changes: list[Change] = []
+        observe = self.observe
         for chat in chats:
             present.add(chat.id)
-            change = self.observe(identity, chat, now=now, via="listing")
+            change = observe(identity, chat, now=now, via="listing")
             if change is not None:
                 changes.append(change)
+        return changes
+
+    def observe_rows(
+        self, identity: str, rows: list[Any], *, now: float, present: set[str]
+    ) -> list[Change]:
+        """One page of a listing as decoded rows (raises PayloadError naming a bad row).
+
+        A row that says nothing new about a chat we hold (the same status, updated_at,
+        title and capacity flag: what :meth:`observe` would ignore) is only noted as
+        seen, without being parsed. That is most rows of most reconciles.
+        """
+        changes: list[Change] = []
+        recs = self._by_identity.get(identity) or {}
+        seen = self._seen
+        observe = self.observe
+        for i, row in enumerate(rows):
+            cid = row.get("id") if type(row) is dict else None
+            rec = recs.get(cid) if type(cid) is str else None
+            if rec is not None and _unchanged(row, rec):
+                present.add(rec.chat_id)
+                seen[(identity, rec.chat_id)] = now
+                continue
+            chat = parse_chat(row, where=f"chats[{i}]")
+            for c in flatten([chat]) if chat.children else (chat,):
+                present.add(c.id)
+                change = observe(identity, c, now=now, via="listing")
+                if change is not None:
+                    changes.append(change)
+        return changes
+
+    def finish_listing(self, identity: str, present: set[str], *, started: float) -> list[Change]:
+        """The listing is complete: tombstone what it did not hold.
+
+        Records observed after the listing ``started`` are spared: an event that
+        arrived mid-listing is newer than the listing's view of absence.
+        """
+        changes: list[Change] = []
         recs = self._by_identity.get(identity, {})
         seen = self._seen
         for chat_id in [
@@ -275,7 +317,7 @@ class ChatStore:
             updated_at=chat.updated_at,
             seen_at=now,
             owner=chat.owner_username or chat.owner_id,
-            title=chat.title[:200],
+            title=chat.title,
             workspace_id=chat.workspace_id,
             parent_id=chat.parent_chat_id,
             labels=chat.labels[:16],
@@ -283,3 +325,22 @@ class ChatStore:
             queued_for_capacity=chat.queued_for_capacity,
             version=version,
         )
+
+
+def _unchanged(row: dict[str, Any], rec: ChatRecord) -> bool:
+    """True when :meth:`ChatStore.observe` would find nothing new in this listing row."""
+    if row.get("status") != rec.status or row.get("archived") is True or row.get("children"):
+        return False
+    ts = row.get("updated_at")
+    if type(ts) is not str or rec.updated_at is None:
+        return False
+    try:
+        if timestamp(ts) != rec.updated_at:
+            return False
+    except ValueError:
+        return False  # the parser will say what is wrong with it
+    title = row.get("title")
+    if title and (type(title) is not str or title[:TITLE_MAX] != rec.title):
+        return False
+    queued = row.get("queued_for_capacity")
+    return queued is None or queued is rec.queued_for_capacity

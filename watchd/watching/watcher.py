@@ -261,17 +261,28 @@ class IdentityWatcher:
                     await conn.ws.close(code=1000, message=b"reconcile failed")
 
     async def relist(self) -> None:
-        """A complete listing applied to the store (new, transitions, tombstones)."""
+        """A complete listing applied to the store (new, transitions, tombstones).
+
+        Applied page by page as the pages arrive, so a large fleet's rows die young
+        instead of piling up (and being scanned by the garbage collector) until the
+        end; tombstones wait for the listing to complete.
+        """
         async with self._relist_lock:
             clock = self.health.server_clock
+            present: set[str] = set()
             async with self.gate:
                 started = clock.now()
-                chats = await self.client.list_chats()
-            now = clock.now()
-            changes = self.store.apply_listing(self.name, chats, now=now, started=started)
-            self.detector.apply(self.name, changes)
-            self.health.last_list_ok = now
-            self.health.last_list_chats = len(chats)
+                async for rows in self.client.chat_rows():
+                    changes = self.store.observe_rows(
+                        self.name, rows, now=clock.now(), present=present
+                    )
+                    if changes:
+                        self.detector.apply(self.name, changes)
+            gone = self.store.finish_listing(self.name, present, started=started)
+            if gone:
+                self.detector.apply(self.name, gone)
+            self.health.last_list_ok = clock.now()
+            self.health.last_list_chats = len(present)
             self.health.relists += 1
 
     # -- Confirmer ----------------------------------------------------------------
