@@ -480,7 +480,8 @@ def ingest_overload(batches: int) -> list[Row]:
         d = Daemon(sim, extra={"telemetry": {"own_events": False, "ingest_queue": 2000}})
         wait_for(d.ready, within=60)
         body = json.dumps(
-            {"source": {"service": "b", "instance": "i"}, "events": _events(10)}
+            # 600 events a batch, 16 senders, a 2 000-event queue: the queue must overflow.
+            {"source": {"service": "b", "instance": "i"}, "events": _events(50)}
         ).encode()
         url = f"http://{d.listen}/v1/transport-events"
 
@@ -519,6 +520,14 @@ def ingest_overload(batches: int) -> list[Row]:
             "batches",
             float(batches),
             "batches sent",
+        ),
+        row(
+            "… refusals the daemon counted (/status)",
+            doc["telemetry"]["ingest"].get("refused_full", 0),
+            "batches",
+            float(refused),
+            "503s the senders saw",
+            "equal: never silent",
         ),
         row("events dropped (counted)", doc["telemetry"]["events_dropped"], "events", None),
         row("watcher ready during flood", 1.0 if ready else 0.0, "bool", None, "", "1"),

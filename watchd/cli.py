@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -130,6 +131,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGHUP, on_hup)
         return await daemon.run(stop)
 
+    # Everything alive now (modules, classes, the config) lives as long as the process:
+    # keep it out of the cyclic collector's full passes, which otherwise rescan it all.
+    gc.collect()
+    gc.freeze()
     return asyncio.run(main())
 
 
