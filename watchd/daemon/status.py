@@ -34,6 +34,7 @@ def status_document(d: Daemon) -> dict[str, Any]:
                 "last_list_age_seconds": None
                 if h.last_list_ok is None
                 else round(h.server_clock.now() - h.last_list_ok, 1),
+                "last_list_seconds": h.last_list_seconds,
                 "chats": sum(by_status.values()),
                 "chats_by_status": dict(sorted(by_status.items())),
                 "last_error": h.last_error,

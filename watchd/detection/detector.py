@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import re
 import time
 from collections import Counter, deque
@@ -59,8 +60,10 @@ SEVERITY = {
 _LABEL_KEY = re.compile(r"[^a-zA-Z0-9_]")
 RETRY_CONFIRM_AFTER = 30.0
 # Before confirming, let a burst of due chats finish coming due: wait until no new one
-# arrived for SETTLE_QUIET (at most SETTLE_MAX), so one listing confirms the whole burst.
+# arrived for SETTLE_QUIET and no deadline is imminent (at most SETTLE_MAX), so one listing
+# confirms the whole burst.
 SETTLE_QUIET = 0.05
+SETTLE_LOOKAHEAD = 0.25  # a deadline this close still belongs to the burst
 SETTLE_MAX = 1.0
 # Workspace builds read for one burst's diagnosis; the rest use what is cached.
 BURST_LOOKUPS = 20
@@ -359,17 +362,19 @@ class Detector:
                     await self._confirm_one(w, key)
                     await asyncio.sleep(interval)
 
-    @staticmethod
-    async def _settle(w: Watched) -> None:
+    async def _settle(self, w: Watched) -> None:
         """Chats that cross their budget together come due over a few milliseconds (or a
-        second): wait until the burst stops growing, so it takes one listing, not one
-        listing per slice (a listing of a large fleet takes seconds)."""
+        second): wait while the burst is still growing or more deadlines are imminent, so
+        it takes one listing, not one listing per slice (a listing of a large fleet takes
+        seconds). At most SETTLE_MAX."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + SETTLE_MAX
         seen = len(w.pending)
         while loop.time() < give_up:
             await asyncio.sleep(SETTLE_QUIET)
-            if len(w.pending) == seen:
+            nxt = self.timers.next_deadline()
+            imminent = nxt is not None and nxt - self.wall.now() < SETTLE_LOOKAHEAD
+            if len(w.pending) == seen and not imminent:
                 return
             seen = len(w.pending)
 
@@ -484,27 +489,36 @@ class Detector:
                 got = Facts(record=rec)
             facts.append(got)
         fired: list[Alert] = []
-        for (rec, clock, name, age, limit, since, fp), got in zip(due, facts, strict=True):
-            # The record may have moved while we gathered facts.
-            current = self.store.get(rec.identity, rec.chat_id)
-            if current is None or current.status != rec.status or current.since != rec.since:
-                continue
-            if fp in self.firing:
-                continue
-            alert = self._chat_alert(
-                w,
-                rec,
-                name=name,
-                age=age,
-                limit=limit,
-                since=since,
-                facts=got,
-                fp=fp,
-                clock=clock,
-                burst=burst,
-            )
-            self._fire(alert, identity=rec.identity, chat_id=rec.chat_id, quiet=burst > 1)
-            fired.append(alert)
+        # A burst allocates tens of thousands of acyclic objects in one synchronous pass:
+        # the cyclic collector would rescan the whole heap several times meanwhile.
+        collecting = gc.isenabled() and burst > 1
+        if collecting:
+            gc.disable()
+        try:
+            for (rec, clock, name, age, limit, since, fp), got in zip(due, facts, strict=True):
+                # The record may have moved while we gathered facts.
+                current = self.store.get(rec.identity, rec.chat_id)
+                if current is None or current.status != rec.status or current.since != rec.since:
+                    continue
+                if fp in self.firing:
+                    continue
+                alert = self._chat_alert(
+                    w,
+                    rec,
+                    name=name,
+                    age=age,
+                    limit=limit,
+                    since=since,
+                    facts=got,
+                    fp=fp,
+                    clock=clock,
+                    burst=burst,
+                )
+                self._fire(alert, identity=rec.identity, chat_id=rec.chat_id, quiet=burst > 1)
+                fired.append(alert)
+        finally:
+            if collecting:
+                gc.enable()
         if burst > 1 and fired:
             names = Counter(a.name for a in fired)
             log.warning(

@@ -28,6 +28,7 @@ class IdentityHealth:
     last_error: str = ""
     last_list_ok: float | None = None  # server time of the last complete listing
     last_list_chats: int = 0
+    last_list_seconds: float | None = None  # how long the last complete listing took
     reconnects: int = 0
     relists: int = 0
     events: int = 0

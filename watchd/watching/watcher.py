@@ -271,6 +271,7 @@ class IdentityWatcher:
             clock = self.health.server_clock
             present: set[str] = set()
             async with self.gate:
+                began = time.monotonic()
                 started = clock.now()
                 async for rows in self.client.chat_rows():
                     changes = self.store.observe_rows(
@@ -281,6 +282,7 @@ class IdentityWatcher:
             gone = self.store.finish_listing(self.name, present, started=started)
             if gone:
                 self.detector.apply(self.name, gone)
+            self.health.last_list_seconds = round(time.monotonic() - began, 3)
             self.health.last_list_ok = clock.now()
             self.health.last_list_chats = len(present)
             self.health.relists += 1
