@@ -8,9 +8,9 @@ loop's monotonic clock; this module only answers "what time is it *there*".
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import deque
+from collections.abc import Iterable
 from email.utils import parsedate_to_datetime
 from typing import Protocol
 
@@ -42,14 +42,17 @@ def parse_http_date(value: str) -> float | None:
 class ServerClock:
     """An estimate of one deployment's clock, learned from HTTP ``Date`` headers.
 
-    ``Date`` has one-second resolution, so each sample is centred (+0.5 s) and
-    the estimate is the median of recent samples: one slow response or a
-    proxy with its own clock cannot drag it far.
+    ``Date`` has one-second resolution: a response stamped ``D`` that we sent at ``s``
+    and received at ``r`` (our clock) only says the offset lies in ``[D − r, D + 1 − s]``.
+    Each sample is such an interval, and the estimate is the middle of the range that the
+    most recent samples agree on (Marzullo's intersection): samples that straddle second
+    boundaries narrow it to about a round trip, where averaging centred samples would stay
+    up to half a second off; a slow response or a proxy with its own clock is outvoted.
     """
 
     def __init__(self, wall: WallClock | None = None, *, window: int = 15) -> None:
         self._wall: WallClock = wall or SystemClock()
-        self._samples: deque[float] = deque(maxlen=window)
+        self._samples: deque[tuple[float, float]] = deque(maxlen=window)
         self.offset: float = 0.0
         self.synced: bool = False
 
@@ -60,9 +63,8 @@ class ServerClock:
         server = parse_http_date(date_header)
         if server is None:
             return
-        midpoint = (sent_at + received_at) / 2.0
-        self._samples.append(server + 0.5 - midpoint)
-        self.offset = statistics.median(self._samples)
+        self._samples.append((server - received_at, server + 1.0 - sent_at))
+        self.offset = best_agreement(self._samples)
         self.synced = True
 
     def wall_now(self) -> float:
@@ -71,3 +73,18 @@ class ServerClock:
     def now(self) -> float:
         """The deployment's current time (epoch seconds), as best estimated."""
         return self._wall.now() + self.offset
+
+
+def best_agreement(intervals: Iterable[tuple[float, float]]) -> float:
+    """The middle of the range covered by the most intervals (Marzullo's algorithm)."""
+    edges = sorted([(lo, 0) for lo, _ in intervals] + [(hi, 1) for _, hi in intervals])
+    best = count = 0
+    lo = hi = edges[0][0]
+    for i, (x, end) in enumerate(edges):
+        if end:
+            count -= 1
+            continue
+        count += 1
+        if count > best:
+            best, lo, hi = count, x, edges[i + 1][0]
+    return (lo + hi) / 2.0

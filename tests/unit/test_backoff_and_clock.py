@@ -68,3 +68,38 @@ def test_server_clock_ignores_garbage_dates() -> None:
     clock.observe(None, sent_at=100, received_at=100)
     clock.observe("not a date", sent_at=100, received_at=100)
     assert not clock.synced and clock.now() == 100.0
+
+
+@pytest.mark.parametrize("true_offset", [0.1, 0.3717, 0.8])
+def test_server_clock_converges_below_the_date_resolution(true_offset: float) -> None:
+    """A burst of responses straddling one second boundary pins the offset to ~the round trip."""
+    import email.utils
+
+    wall = FakeWall(1767225600.0)
+    clock = ServerClock(wall)
+    for i in range(15):  # 15 requests 50 ms apart, as in one listing
+        sent = 1767225600.6 + i * 0.05
+        received = sent + 0.01
+        server_time = (sent + received) / 2 + true_offset
+        date = email.utils.formatdate(int(server_time), usegmt=True)
+        clock.observe(date, sent_at=sent, received_at=received)
+    # Centring each sample (+0.5 s) and taking the median was 0.1-0.15 s off here.
+    assert clock.offset == pytest.approx(true_offset, abs=0.03)
+
+
+def test_server_clock_outvotes_a_stray_sample() -> None:
+    """One response from a proxy with its own clock does not move a settled estimate."""
+    import email.utils
+
+    wall = FakeWall(0.0)
+    clock = ServerClock(wall)
+    for i in range(10):
+        t = 1767225600.0 + i * 0.41
+        clock.observe(email.utils.formatdate(int(t + 5.0), usegmt=True), sent_at=t, received_at=t)
+    settled = clock.offset
+    clock.observe(
+        email.utils.formatdate(int(1767225700.0), usegmt=True),
+        sent_at=1767225604.0,
+        received_at=1767225604.0,
+    )
+    assert clock.offset == settled and settled == pytest.approx(5.0, abs=0.1)
