@@ -111,12 +111,9 @@ def parse_time(value: Any, *, field_name: str) -> float | None:
             field_name, f"expected an RFC 3339 timestamp, got {type(value).__name__}"
         )
     try:
-        parsed = _fromiso(value)
+        return timestamp(value)
     except ValueError:
         raise PayloadError(field_name, f"not an RFC 3339 timestamp: {value[:40]!r}") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.timestamp()
 
 
 _fromiso = datetime.fromisoformat
@@ -129,13 +126,6 @@ def timestamp(text: str) -> float:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.timestamp()
-
-
-def _opt_str(obj: dict[str, Any], key: str) -> str | None:
-    v = obj.get(key)
-    if v is None or v == "":
-        return None
-    return v if isinstance(v, str) else str(v)
 
 
 def _str(obj: dict[str, Any], key: str) -> str:
@@ -177,13 +167,12 @@ def parse_chat(obj: Any, *, where: str = "chat") -> Chat:
     if type(status) is not str or not status:
         raise PayloadError(f"{where}.status", "missing or not a string")
     updated_raw = get("updated_at")
+    updated_at: float | None
     if type(updated_raw) is str and updated_raw:
         try:
-            updated_at: float | None = timestamp(updated_raw)
+            updated_at = timestamp(updated_raw)  # the common case: no field name built
         except ValueError:
-            raise PayloadError(
-                f"{where}.updated_at", f"not an RFC 3339 timestamp: {updated_raw[:40]!r}"
-            ) from None
+            updated_at = parse_time(updated_raw, field_name=f"{where}.updated_at")  # raises
     else:
         updated_at = parse_time(updated_raw, field_name=f"{where}.updated_at")
     labels_raw = get("labels")

@@ -209,23 +209,16 @@ class ChatStore:
     def apply_listing(
         self, identity: str, chats: Iterable[Chat], *, now: float, started: float
     ) -> list[Change]:
-        """A complete listing: upsert every row, tombstone what it no longer holds."""
+        """A complete listing of parsed chats: upsert every row, tombstone what it no
+        longer holds. (The watcher applies raw pages with :meth:`observe_rows`.)"""
         present: set[str] = set()
-        changes = self.observe_page(identity, chats, now=now, present=present)
-        changes += self.finish_listing(identity, present, started=started)
-        return changes
-
-    def observe_page(
-        self, identity: str, chats: Iterable[Chat], *, now: float, present: set[str]
-    ) -> list[Change]:
-        """One page of a listing: upsert every row; note its ids in ``present``."""
         changes: list[Change] = []
-        observe = self.observe
         for chat in chats:
             present.add(chat.id)
-            change = observe(identity, chat, now=now, via="listing")
+            change = self.observe(identity, chat, now=now, via="listing")
             if change is not None:
                 changes.append(change)
+        changes += self.finish_listing(identity, present, started=started)
         return changes
 
     def observe_rows(
