@@ -262,11 +262,12 @@ class Daemon:
             await self.shutdown()
 
     def settled(self) -> bool:
-        """Every identity has been seeded, or has conclusively failed its first attempt."""
-        return all(
-            h.seeded_once or h.state in ("auth_failed", "not_found", "unreachable")
-            for h in self.health.values()
-        )
+        """Every identity's first seed attempt has ended, seeded or not (READY=1, /readyz).
+
+        One that could not be seeded does not hold start-up back: it is reported by
+        IdentityUnhealthy and /status instead.
+        """
+        return all(h.attempted_once for h in self.health.values())
 
     def status_line(self) -> str:
         parts = []

@@ -1,7 +1,8 @@
 """The daemon's HTTP server: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
 
 Liveness is proved by the loop answering at all and by a heartbeat task the
-loop must keep running; readiness means every identity has been seeded once.
+loop must keep running; readiness means what READY=1 means: every identity has had
+its first seed attempt (one that failed is reported by IdentityUnhealthy and /status).
 """
 
 from __future__ import annotations
@@ -89,8 +90,11 @@ class Server:
     async def readyz(self, request: web.Request) -> web.Response:
         d = self.daemon
         unseeded = sorted(n for n, h in d.health.items() if not h.seeded_once)
-        if unseeded:
+        if not d.settled():
             return web.json_response({"ready": False, "unseeded": unseeded}, status=503)
+        if unseeded:
+            # Started, as READY=1 says: these are IdentityUnhealthy's and /status's business.
+            return web.json_response({"ready": True, "unseeded": unseeded})
         return web.json_response({"ready": True})
 
     async def status(self, request: web.Request) -> web.Response:

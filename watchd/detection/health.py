@@ -24,6 +24,8 @@ class IdentityHealth:
     state: str = "starting"
     ready: bool = False
     seeded_once: bool = False
+    # The first seed attempt has ended, seeded or not: what READY=1 and /readyz wait for.
+    attempted_once: bool = False
     not_ready_since: float = field(default_factory=time.monotonic)
     last_error: str = ""
     last_list_ok: float | None = None  # server time of the last complete listing
@@ -50,6 +52,8 @@ class IdentityHealth:
             self.not_ready_since = time.monotonic()
         if self.ready:
             self.seeded_once = True
+        if state not in ("starting", "seeding"):
+            self.attempted_once = True
 
     def unhealthy_for(self, now: float) -> float:
         return 0.0 if self.ready else now - self.not_ready_since
