@@ -22,10 +22,12 @@ from __future__ import annotations
 import base64
 import os
 import re
+import secrets
 import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,3 +269,80 @@ def stop(proc: subprocess.Popen[bytes], grace: float) -> int:
 
 
 PYTHON = sys.executable
+CLOSED = "http://127.0.0.1:9/"  # the discard port: nothing listens, nothing leaves
+
+
+def _moved(value: Any, pod: Pod) -> Any:
+    """Container paths under a mount point → where that volume is rendered here."""
+    if isinstance(value, dict):
+        return {k: _moved(v, pod) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_moved(v, pod) for v in value]
+    if isinstance(value, str) and value.startswith("/") and pod.mount_for(value):
+        return str(pod.host_path(value))
+    return value
+
+
+def prepare(
+    pod: Pod, root: Path, *, url: str, tokens: list[str], listen: str | None, move_paths: bool
+) -> list[str]:
+    """Render the pod's volumes with this machine's endpoints; return the container's args.
+
+    Identity URLs become ``url`` and their tokens ``tokens`` (in order); receivers point
+    at a closed loopback port; other secret files the config names get made-up values.
+    With ``move_paths`` (no container around the process) paths under a mount point and
+    the ``-c`` argument are moved under ``root``; ``listen`` replaces ``server.listen``."""
+    args = list(pod.container.get("args") or [])
+    config_path = args[args.index("-c") + 1]
+    cfg_mount = pod.mount_for(config_path)
+    assert cfg_mount is not None and cfg_mount.kind == "configMap", config_path
+    volumes = {
+        v["name"]: v
+        for d in pod.docs
+        if d.get("kind") == "Deployment"
+        for v in d["spec"]["template"]["spec"]["volumes"]
+    }
+    cm = pod.config_map(volumes[cfg_mount.name]["configMap"]["name"])
+    key = Path(config_path).name
+    cfg = yaml.safe_load(cm[key])
+    values: dict[str, dict[str, str]] = {}
+
+    def secret_value(path: str, value: str) -> None:
+        m = pod.mount_for(path)
+        assert m is not None and m.kind == "secret", f"{path} is on no Secret volume"
+        values.setdefault(m.name, {})[Path(path).name] = value + "\n"
+
+    for ident, token in zip(cfg["identities"], tokens, strict=False):
+        ident["url"] = url
+        secret_value(ident["token_file"], token)
+    for r in cfg.get("receivers", []):
+        if "pagerduty" in r:
+            r["pagerduty"]["url"] = CLOSED
+        if "slack" in r:
+            secret_value(r["slack"]["webhook_url_file"], CLOSED)
+
+    # Any other secret file the config references (an admin token, say): a made-up value.
+    def refs(node: Any) -> Iterator[str]:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k.endswith("_file") and isinstance(v, str):
+                    yield v
+                yield from refs(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from refs(v)
+
+    for path in refs(cfg):
+        m = pod.mount_for(path)
+        if m is not None and m.kind == "secret" and Path(path).name not in values.get(m.name, {}):
+            secret_value(path, secrets.token_hex(16))
+    if listen is not None:
+        cfg["server"]["listen"] = listen
+    place(pod, root)
+    if move_paths:
+        cfg = _moved(cfg, pod)
+    values.setdefault(cfg_mount.name, {})[key] = yaml.safe_dump(cfg)
+    render(pod, root, values=values)
+    if not move_paths:
+        return args
+    return [str(pod.host_path(a)) if a == config_path else a for a in args]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import shutil
 import tempfile
 import time
@@ -14,7 +13,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
 from tests.e2e.harness import SimProcess, free_port
 from tests.system import kubelet
@@ -27,7 +25,6 @@ pytestmark = [
 ]
 
 MANIFESTS = kubelet.ROOT / "deploy" / "kubernetes"
-CLOSED = "http://127.0.0.1:9/"  # the discard port: nothing listens, nothing leaves
 
 
 class PodFailed(AssertionError):
@@ -50,72 +47,18 @@ def sim() -> Iterator[SimProcess]:
     s.stop()
 
 
-def _moved(value: Any, pod: kubelet.Pod) -> Any:
-    """Container paths under a mount point → where that volume is rendered here."""
-    if isinstance(value, dict):
-        return {k: _moved(v, pod) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_moved(v, pod) for v in value]
-    if isinstance(value, str) and value.startswith("/") and pod.mount_for(value):
-        return str(pod.host_path(value))
-    return value
-
-
 def _prepare(pod: kubelet.Pod, root: Path, sim: SimProcess) -> tuple[list[str], str]:
     """Render the pod's volumes with local endpoints; return the argv and the listen."""
-    args = list(pod.container.get("args") or [])
-    config_path = args[args.index("-c") + 1]
-    cfg_mount = pod.mount_for(config_path)
-    assert cfg_mount is not None and cfg_mount.kind == "configMap", config_path
-    volumes = {
-        v["name"]: v
-        for d in pod.docs
-        if d.get("kind") == "Deployment"
-        for v in d["spec"]["template"]["spec"]["volumes"]
-    }
-    cm = pod.config_map(volumes[cfg_mount.name]["configMap"]["name"])
-    key = Path(config_path).name
-    cfg = yaml.safe_load(cm[key])
-    values: dict[str, dict[str, str]] = {}
-
-    def secret_value(path: str, value: str) -> None:
-        m = pod.mount_for(path)
-        assert m is not None and m.kind == "secret", f"{path} is on no Secret volume"
-        values.setdefault(m.name, {})[Path(path).name] = value + "\n"
-
-    for ident, sim_ident in zip(cfg["identities"], sim.identities, strict=False):
-        ident["url"] = sim.url
-        secret_value(ident["token_file"], sim_ident["token"])
-    for r in cfg.get("receivers", []):
-        if "pagerduty" in r:
-            r["pagerduty"]["url"] = CLOSED
-        if "slack" in r:
-            secret_value(r["slack"]["webhook_url_file"], CLOSED)
-
-    # Any other secret file the config references (an admin token, say): a made-up value.
-    def refs(node: Any) -> Iterator[str]:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if k.endswith("_file") and isinstance(v, str):
-                    yield v
-                yield from refs(v)
-        elif isinstance(node, list):
-            for v in node:
-                yield from refs(v)
-
-    for path in refs(cfg):
-        m = pod.mount_for(path)
-        if m is not None and m.kind == "secret" and Path(path).name not in values.get(m.name, {}):
-            secret_value(path, secrets.token_hex(16))
     listen = f"127.0.0.1:{free_port()}"
-    cfg["server"]["listen"] = listen
-    # The rendered config keeps the manifest's paths but for the render root.
-    kubelet.place(pod, root)
-    values.setdefault(cfg_mount.name, {})[key] = yaml.safe_dump(_moved(cfg, pod))
-    kubelet.render(pod, root, values=values)
-    argv = [kubelet.PYTHON, "-m", "watchd", "--log-format", "json"]
-    argv += [str(pod.host_path(a)) if a == config_path else a for a in args]
-    return argv, listen
+    args = kubelet.prepare(
+        pod,
+        root,
+        url=sim.url,
+        tokens=[i["token"] for i in sim.identities],
+        listen=listen,
+        move_paths=True,
+    )
+    return [kubelet.PYTHON, "-m", "watchd", "--log-format", "json", *args], listen
 
 
 def _tail(log: Path) -> str:
