@@ -142,9 +142,9 @@ def load(manifest: Path, container: str = "watchd") -> Pod:
         kind = next(
             k for k in ("configMap", "secret", "emptyDir", "persistentVolumeClaim") if k in v
         )
-        pod.mounts.append(
-            Mount(vm["name"], vm["mountPath"], Path(), bool(vm.get("readOnly")), kind)
-        )
+        # The kubelet mounts configMap and secret volumes read-only whatever the mount says.
+        ro = bool(vm.get("readOnly")) or kind in ("configMap", "secret")
+        pod.mounts.append(Mount(vm["name"], vm["mountPath"], Path(), ro, kind))
     return pod
 
 
