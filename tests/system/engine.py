@@ -126,6 +126,8 @@ class Engine:
         t0 = time.monotonic()
         self.run("build", "--network=host", "-q", "-t", IMAGE, str(ROOT), timeout=600)
         self.timings["build"] = time.monotonic() - t0
+        # The previous run's image, now untagged: the cached data root must not grow a run.
+        self.run("image", "prune", "-f", timeout=120, check=False)
 
     def inspect(self, name: str) -> dict[str, Any]:
         return dict(json.loads(self.run("inspect", name).stdout)[0])
