@@ -197,6 +197,7 @@ def _sim_info(m: Machine) -> dict[str, Any] | None:
 def test_machine_boots_and_the_unit_verifies(box: Box) -> None:
     """The Debian machine boots under nspawn, and systemd-analyze verify inside is clean."""
     assert box.m.boot_seconds < 60
+    box.m.run("test", "-f", "/etc/systemd/system/watchd.service")
     r = box.m.run("systemd-analyze", "verify", "/etc/systemd/system/watchd.service", check=False)
     problems = [
         line
@@ -204,6 +205,27 @@ def test_machine_boots_and_the_unit_verifies(box: Box) -> None:
         if "watchd" in line and "sim" not in line
     ]
     assert r.returncode == 0 and problems == [], r.stdout + r.stderr
+
+
+def test_verify_inside_catches_what_a_minimal_system_lacks(box: Box) -> None:
+    """The same verify fails on 0.1's unit (ExecReload=/bin/kill: no procps here; a man:
+    link: no man here), so the clean verify above is not vacuous."""
+    old = (ROOT / "systemd" / "watchd.service").read_text()
+    old = re.sub(r"^ExecReload=.*$", "ExecReload=/bin/kill -HUP $MAINPID", old, flags=re.M)
+    old = old.replace(
+        "Documentation=https://github.com/coder/coder",
+        "Documentation=https://github.com/coder/coder man:systemd.service(5)",
+    )
+    d = box.m.root / "var/tmp/unit-0.1"  # not /tmp: a tmpfs of the machine's once booted
+    d.mkdir(exist_ok=True)
+    (d / "watchd.service").write_text(old)
+    unit = "/var/tmp/unit-0.1/watchd.service"
+    box.m.run("test", "-f", unit)  # verify of a missing file says nothing and exits 0
+    r = box.m.run("systemd-analyze", "verify", unit, check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "Command /bin/kill is not executable" in out, out
+    assert "man systemd.service(5)" in out, out
 
 
 def test_security_exposure_inside(box: Box) -> None:
