@@ -233,6 +233,7 @@ def test_security_exposure_inside(box: Box) -> None:
     r = box.m.run("systemd-analyze", "security", "watchd", "--no-pager", check=False)
     m = re.search(r"Overall exposure level for watchd\.service: (\d+\.\d+)", r.stdout)
     assert m, r.stdout[-800:]
+    print(f"exposure inside: {m.group(1)}")
     assert float(m.group(1)) <= 2.0
 
 
