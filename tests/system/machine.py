@@ -91,6 +91,20 @@ class Machine:
             str(self.root),
         )  # fmt: skip
 
+    def cannot_run(self) -> str | None:
+        """Why this machine cannot run an nspawn container at all (no boot), or None.
+
+        A container that starts but fails to boot is the test's failure, not a skip."""
+        r = sh(
+            "systemd-nspawn", "-q", "-D", str(self.root), "--keep-unit", "--register=no",
+            "--private-network", "/bin/true",
+            timeout=60, check=False,
+        )  # fmt: skip
+        if r.returncode == 0:
+            return None
+        lines = (r.stderr or r.stdout).strip().splitlines()
+        return f"systemd-nspawn cannot run a container here: {lines[-1] if lines else r.returncode}"
+
     def chroot(self, *argv: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Before boot: a command in the rootfs (the host's network, no systemd)."""
         return sh("chroot", str(self.root), *argv, timeout=timeout)

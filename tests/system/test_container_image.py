@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.system import kubelet
-from tests.system.engine import IMAGE, LABEL, Engine, available
+from tests.system.engine import IMAGE, LABEL, Engine, Unavailable, available
 from tests.system.machine import rootfs
 
 _why = available()
@@ -99,7 +99,10 @@ def stack() -> Iterator[Stack]:
     render.chmod(0o755)
     try:
         lower = rootfs()
-        engine.start()
+        try:
+            engine.start()
+        except Unavailable as exc:
+            pytest.skip(str(exc))
         engine.base(lower)
         engine.build()
         print(f"engine timings: {engine.timings}")
