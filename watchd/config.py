@@ -141,6 +141,9 @@ class IdentityConfig(Strict):
     # How long an identity may fail to watch or list before IdentityUnhealthy fires:
     # long enough to ride out a Coder rolling restart, short enough to matter.
     unhealthy_after: Duration = 120.0
+    # Chats per listing page. coderd has no maximum; 500 lists 50 000 chats in 100
+    # requests and keeps the moving-cursor window short (docs/coder-api.md).
+    page_size: Annotated[int, Field(ge=1, le=2**31 - 1)] = 500
     budgets: Budgets | None = None
 
     @model_validator(mode="after")
@@ -413,6 +416,10 @@ class SweepConfig(Strict):
     settle_timeout: Duration = 120.0
     # Announcements (ChatSwept) stay firing this long, then resolve.
     announce_for: Duration = 600.0
+    # A chat whose execution state is invalid (409 "Chat is in an invalid state." on
+    # every mutation) is only reported unless this is on; then the sweep calls
+    # POST …/reconcile-invalid once (moving it to `error`) and handles it normally.
+    reconcile_invalid: bool = False
     policies: list[SweepPolicy] = Field(default_factory=list)
 
 

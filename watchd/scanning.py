@@ -52,7 +52,7 @@ async def scan_identity(
         identity=name,
         server_clock=clock,
     )
-    client = CoderClient(transport, attempts=3, deadline=30.0)
+    client = CoderClient(transport, attempts=3, deadline=30.0, page_size=ident.page_size)
     budgets = config.budgets_for(ident)
     store = ChatStore()
     try:

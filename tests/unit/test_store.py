@@ -62,16 +62,29 @@ def test_listing_difference_is_synthesized_transition() -> None:
     assert s.synthesized == 1
 
 
-def test_listing_tombstones_vanished_but_spares_newer_observations() -> None:
-    """A chat absent from a complete listing is tombstoned unless seen after it started."""
+def test_listing_marks_missing_chats_absent_but_keeps_them() -> None:
+    """A chat missing from a complete listing becomes absent, record and clock untouched;
+    one seen after the listing started is spared; a second listing counts two."""
     s = ChatStore()
     s.observe("a", chat("old", "running", 100.0), now=100.0, via="watch", kind="created")
     s.observe("a", chat("new", "running", 300.0), now=301.0, via="watch", kind="created")
-    changes = s.apply_listing("a", [], now=302.0, started=300.5)
-    assert [(c.kind, c.record.chat_id, c.reason) for c in changes] == [
-        ("tombstone", "old", "vanished")
-    ]
-    assert s.get("a", "new") is not None
+    before = s.get("a", "old")
+    assert s.apply_listing("a", [], now=302.0, started=300.5) == []
+    assert s.absent("a") == {"old": 1}
+    assert s.get("a", "old") == before
+    assert s.finish_listing("a", set(), started=400.0) == {"old": 2, "new": 1}
+
+
+def test_a_sighting_clears_absence_and_keeps_the_clock() -> None:
+    """A chat the cursor skipped that turns up again keeps its original clock and source."""
+    s = ChatStore()
+    s.observe("a", chat("c1", "running", 100.0), now=100.0, via="watch", kind="status_change")
+    s.finish_listing("a", set(), started=200.0)
+    change = s.observe("a", chat("c1", "running", 250.0), now=260.0, via="listing")
+    rec = s.get("a", "c1")
+    assert change is not None and change.kind == "refresh"
+    assert rec is not None and (rec.since, rec.clock) == (100.0, "transition")
+    assert s.absent("a") == {}
 
 
 def test_archived_and_deleted_tombstone() -> None:
@@ -156,8 +169,8 @@ def test_unchanged_listing_row_is_seen_without_parsing() -> None:
     present: set[str] = set()
     assert s.observe_rows("a", [_row("c1")], now=200.0, present=present) == []
     assert present == {"c1"}
-    assert s.finish_listing("a", present, started=150.0) == []
-    assert s.finish_listing("a", set(), started=250.0)[0].reason == "vanished"
+    assert s.finish_listing("a", present, started=150.0) == {}
+    assert s.finish_listing("a", set(), started=250.0) == {"c1": 1}
 
 
 def test_bad_listing_row_names_its_index() -> None:

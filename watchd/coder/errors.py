@@ -16,7 +16,8 @@ MEANINGS: dict[int, str] = {
     403: "token lacks permission (or a browser Origin was sent on the watch socket)",
     404: "chat gone or not visible to this token, or route absent under this API prefix",
     408: "request timed out at the server or a proxy",
-    409: "chat state conflict (not interruptible, or still active and cannot be archived)",
+    409: "chat state conflict (not interruptible, still active and cannot be archived, or its "
+    "execution state is invalid)",
     425: "server asked to retry later (too early)",
     429: "rate limited (per user and endpoint)",
     500: "Coder internal error",
@@ -77,6 +78,12 @@ class CoderError(Exception):
         if self.chatd_disabled:
             return "chatd is disabled on this deployment: reads work, mutations fail"
         return MEANINGS.get(self.status, "unexpected status")
+
+    @property
+    def invalid_state(self) -> bool:
+        """409 "Chat is in an invalid state." (``writeChatInvalidState``): not "nothing to
+        do" — every mutation answers the same until ``reconcile-invalid``."""
+        return self.status == 409 and "invalid state" in self.message.lower()
 
     @property
     def is_auth(self) -> bool:

@@ -167,6 +167,7 @@ class Daemon:
                 labels=lambda n: next(
                     (i.labels for i in self.config.identities if i.name == n), {}
                 ),
+                on_invalid=self.detector.note_invalid,
             )
         self.server = Server(self, listen=config.server.listen)
         self._session: aiohttp.ClientSession | None = None
@@ -384,7 +385,7 @@ class Daemon:
                 rate=ident.requests_per_minute / 60.0, burst=max(5, ident.requests_per_minute // 10)
             ),
         )
-        client = CoderClient(transport)
+        client = CoderClient(transport, page_size=ident.page_size)
         watcher = IdentityWatcher(
             health=health,
             client=client,

@@ -28,7 +28,16 @@ class IdentityHealth:
     last_error: str = ""
     last_list_ok: float | None = None  # server time of the last complete listing
     last_list_chats: int = 0
-    last_list_seconds: float | None = None  # how long the last complete listing took
+    last_list_seconds: float | None = None  # how long the last listing took
+    last_list_pages: int = 0
+    # Listings that could not prove they covered everything (nothing inferred from them).
+    incomplete_listings: int = 0
+    # Chats missing from recent complete listings, not yet confirmed gone.
+    absent: int = 0
+    absent_confirms: int = 0
+    # Coder refused the token twice (401/403): IdentityUnhealthy without waiting for
+    # unhealthy_after, which is for outages that may pass.
+    refused: bool = False
     reconnects: int = 0
     relists: int = 0
     events: int = 0
@@ -50,6 +59,8 @@ class IdentityHealth:
             self.not_ready_since = time.monotonic()
         if self.ready:
             self.seeded_once = True
+        if state != "auth_failed":
+            self.refused = False
 
     def unhealthy_for(self, now: float) -> float:
         return 0.0 if self.ready else now - self.not_ready_since

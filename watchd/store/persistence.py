@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS chats (
   identity TEXT NOT NULL, chat_id TEXT NOT NULL, status TEXT NOT NULL,
   since REAL NOT NULL, clock TEXT NOT NULL, updated_at REAL, seen_at REAL NOT NULL,
   owner TEXT, title TEXT, workspace_id TEXT, parent_id TEXT, labels TEXT,
-  last_error TEXT, queued INTEGER, version INTEGER NOT NULL,
+  last_error TEXT, queued INTEGER, version INTEGER NOT NULL, details TEXT,
   PRIMARY KEY (identity, chat_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS nflog (
@@ -112,6 +112,7 @@ class StateDB:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._migrate()
         self._db.execute(
             "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,)
         )
@@ -123,6 +124,13 @@ class StateDB:
         self._alerts: dict[str, StoredAlert | None] = {}
         self._dispatch: dict[tuple[str, str, str], Body | None] = {}
         self.writes = 0
+
+    def _migrate(self) -> None:
+        """Bring a database written by an older build up to this schema in place."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(chats)")}
+        if "details" not in columns:
+            # Before 0.2: no mode / client_type / context error / warnings per chat.
+            self._db.execute("ALTER TABLE chats ADD COLUMN details TEXT")
 
     def close(self) -> None:
         self.flush()
@@ -182,7 +190,7 @@ class StateDB:
         with self._begin():
             if upserts:
                 self._db.executemany(
-                    "INSERT OR REPLACE INTO chats VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", upserts
+                    "INSERT OR REPLACE INTO chats VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", upserts
                 )
             if deletes:
                 self._db.executemany("DELETE FROM chats WHERE identity=? AND chat_id=?", deletes)
@@ -414,6 +422,9 @@ def _row(r: ChatRecord) -> tuple[Any, ...]:
         err,
         None if r.queued_for_capacity is None else int(r.queued_for_capacity),
         r.version,
+        _dumps([r.mode, r.client_type, r.context_error, r.warnings])
+        if r.mode or r.client_type or r.context_error or r.warnings
+        else None,
     )
 
 
@@ -434,8 +445,12 @@ def _record(row: Iterable[Any]) -> ChatRecord:
         err,
         queued,
         version,
+        details,
     ) = row
     last_error = ChatError(**orjson.loads(err)) if err else None
+    mode, client_type, context_error, warnings = (
+        orjson.loads(details) if details else ("", "", "", ())
+    )
     return ChatRecord(
         identity=identity,
         chat_id=chat_id,
@@ -452,4 +467,8 @@ def _record(row: Iterable[Any]) -> ChatRecord:
         last_error=last_error,
         queued_for_capacity=None if queued is None else bool(queued),
         version=version,
+        mode=mode,
+        client_type=client_type,
+        context_error=context_error,
+        warnings=tuple(warnings),
     )

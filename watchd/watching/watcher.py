@@ -10,8 +10,16 @@
    ping/pong heartbeat as its inactivity timer.
 
 A periodic full reconcile runs beside it regardless of the stream, because
-the stream drops events. Auth failures (401/403) slow the retry to
-``auth_retry`` and re-read the token, so a rotated token heals by itself.
+the stream drops events. A complete listing that lacks a known chat only
+marks it *absent*; the reconcile loop confirms absent chats by GET between
+listings (404 → gone, ``archived`` → archived) and tombstones an idle chat
+without a GET only when two consecutive complete listings lack it
+(docs/coder-api.md, "the moving cursor").
+
+A 401/403 on any call is a permanent refusal, not an outage: one
+confirming retry a few seconds later, then the identity is marked refused
+(IdentityUnhealthy fires at once, not after ``unhealthy_after``), and the
+token is re-read every ``auth_retry``, so a rotated token heals by itself.
 """
 
 from __future__ import annotations
@@ -27,9 +35,9 @@ import structlog
 
 from watchd import logs
 from watchd.coder.backoff import Backoff
-from watchd.coder.client import CoderClient
+from watchd.coder.client import CoderClient, Listing
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.models import Chat, Quota, WatchEvent, WorkspaceBuild
+from watchd.coder.models import IDLE_STATUSES, Chat, Quota, WatchEvent, WorkspaceBuild
 from watchd.coder.watchstream import (
     DEFAULT_HEARTBEAT,
     ResyncNeeded,
@@ -40,11 +48,18 @@ from watchd.coder.watchstream import (
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth
-from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.chats import Change, ChatRecord, ChatStore
 
 log = logs.get("watchd.watching")
 
 BUILD_CACHE = 1_000  # workspace builds remembered for diagnosis (oldest dropped first)
+# Idle chats missing from a listing are confirmed by GET only when this few are missing
+# (a mass deletion waits for a second listing instead of a GET storm); a chat whose
+# status has a budget is always confirmed by GET.
+ABSENT_GET_LIMIT = 20
+ABSENT_GETS_PER_PASS = 100
+# A refused token is tried once more after this long before it counts as refused.
+AUTH_CONFIRM_AFTER = 5.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,8 @@ class WatchSettings:
     # A connection that lived this long proves the path works: the backoff resets.
     healthy_after: float = 30.0
     auth_retry: float = 300.0
+    # GETs per second confirming chats a listing lacked.
+    absent_confirm_rate: float = 4.0
     # Events buffered while a listing runs; past this the stream is dropped and relisted.
     buffer_limit: int = 20_000
     quota_ttl: float = 60.0
@@ -88,6 +105,13 @@ class IdentityWatcher:
         self._relist_lock = asyncio.Lock()
         self._quota: tuple[float, Quota | None] | None = None
         self._buffer: list[WatchEvent] | None = None
+        # Absent chats waiting for a confirming GET (insertion-ordered set).
+        self._to_confirm: dict[str, None] = {}
+        self._absent_wake = asyncio.Event()
+        # Set by any call that Coder refused with 401/403 (the client's on_refused).
+        self._refused = asyncio.Event()
+        self._refusal: CoderError | None = None
+        client.on_refused = self._on_refused
         # workspace id -> (monotonic time read, latest build): shared by a burst's verdicts.
         self._builds: dict[str, tuple[float, WorkspaceBuild]] = {}
 
@@ -140,9 +164,29 @@ class IdentityWatcher:
                 except Exception as exc:
                     log.warning("token.reread_failed", identity=self.name, error=str(exc))
 
+    def _on_refused(self, exc: CoderError) -> None:
+        """A REST call was refused (401/403): coderd never re-checks an open watch socket,
+        so a revoked token is noticed here, and the session ends to confirm it."""
+        self._refusal = exc
+        self._refused.set()
+
     def _on_coder_error(self, exc: CoderError) -> float | None:
         if exc.is_auth:
+            first = self.health.state != "auth_failed"
             self._lost("auth_failed", str(exc))
+            if first:
+                # One confirming retry: a proxy or a token rotation mid-flight can refuse
+                # once; two refusals a few seconds apart are a refusal.
+                log.warning(
+                    "identity.refused_once",
+                    identity=self.name,
+                    status=exc.status,
+                    meaning=exc.meaning,
+                    confirm_in=AUTH_CONFIRM_AFTER,
+                )
+                return AUTH_CONFIRM_AFTER
+            self.health.refused = True
+            self.detector.readiness_changed(self.name)
             log.error(
                 "identity.auth_failed",
                 identity=self.name,
@@ -182,6 +226,8 @@ class IdentityWatcher:
                 await self.client.resolve_prefix(force=True)
             raise
         self._conn = conn
+        self._refused.clear()
+        self._refusal = None
         self.health.set_state("seeding")
         close_code: int | None = None
         reason = ""
@@ -207,6 +253,13 @@ class IdentityWatcher:
                 chats=self.health.last_list_chats,
                 prefix=prefix,
             )
+            refused = asyncio.create_task(self._refused.wait(), name=f"refused:{self.name}")
+            try:
+                await asyncio.wait({pump, refused}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                refused.cancel()
+            if self._refusal is not None and not pump.done():
+                raise self._refusal
             await pump
             raise StreamClosed(None, "stream ended")
         except StreamClosed as exc:
@@ -244,10 +297,21 @@ class IdentityWatcher:
     # -- reconcile ----------------------------------------------------------------
 
     async def reconcile_forever(self) -> None:
+        """Relist every ``reconcile_interval`` (jittered); between listings, confirm the
+        chats the last complete listing lacked."""
         structlog.contextvars.bind_contextvars(identity=self.name)
         interval = self.settings.reconcile_interval
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(interval * self.rng.uniform(0.9, 1.1))
+            due = loop.time() + interval * self.rng.uniform(0.9, 1.1)
+            while (left := due - loop.time()) > 0:
+                if self._to_confirm and self.health.ready:
+                    await self._confirm_absent()
+                    continue
+                self._absent_wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self._absent_wake.wait()
             if not self.health.ready:
                 continue
             try:
@@ -261,31 +325,111 @@ class IdentityWatcher:
                     await conn.ws.close(code=1000, message=b"reconcile failed")
 
     async def relist(self) -> None:
-        """A complete listing applied to the store (new, transitions, tombstones).
+        """A listing applied to the store (new chats, transitions, refreshes).
 
         Applied page by page as the pages arrive, so a large fleet's rows die young
         instead of piling up (and being scanned by the garbage collector) until the
-        end; tombstones wait for the listing to complete.
+        end. Only a *complete* listing says anything about chats it lacks, and then only
+        that they are absent (see :meth:`_absent_found`).
         """
         async with self._relist_lock:
             clock = self.health.server_clock
             present: set[str] = set()
+            listing = Listing()
             async with self.gate:
                 began = time.monotonic()
                 started = clock.now()
-                async for rows in self.client.chat_rows():
+                async for rows in self.client.chat_rows(listing=listing):
                     changes = self.store.observe_rows(
                         self.name, rows, now=clock.now(), present=present
                     )
                     if changes:
                         self.detector.apply(self.name, changes)
-            gone = self.store.finish_listing(self.name, present, started=started)
-            if gone:
-                self.detector.apply(self.name, gone)
+            if listing.complete:
+                absent = self.store.finish_listing(self.name, present, started=started)
+                if absent:
+                    self._absent_found(absent)
+            else:
+                self.health.incomplete_listings += 1
+                log.warning(
+                    "listing.incomplete",
+                    identity=self.name,
+                    why=listing.incomplete,
+                    pages=listing.pages,
+                    rows=listing.rows,
+                    note="no chat is taken as missing from this listing",
+                )
             self.health.last_list_seconds = round(time.monotonic() - began, 3)
             self.health.last_list_ok = clock.now()
             self.health.last_list_chats = len(present)
+            self.health.last_list_pages = listing.pages
             self.health.relists += 1
+
+    def _absent_found(self, absent: dict[str, int]) -> None:
+        """Sort the chats a complete listing lacked: confirm by GET, wait, or tombstone."""
+        few = len(absent) <= ABSENT_GET_LIMIT
+        gone: list[Change] = []
+        for chat_id, missed in absent.items():
+            rec = self.store.get(self.name, chat_id)
+            if rec is None:
+                continue
+            if rec.status in IDLE_STATUSES and not few:
+                if missed >= 2:
+                    change = self.store.tombstone(
+                        self.name, chat_id, reason="gone (missing from two complete listings)"
+                    )
+                    if change is not None:
+                        gone.append(change)
+                continue
+            self._to_confirm[chat_id] = None
+        self.health.absent = len(self.store.absent(self.name))
+        if gone:
+            self.detector.apply(self.name, gone)
+        if self._to_confirm:
+            log.info(
+                "listing.absent",
+                identity=self.name,
+                missing=len(absent),
+                to_confirm=len(self._to_confirm),
+                tombstoned=len(gone),
+            )
+            self._absent_wake.set()
+
+    async def _confirm_absent(self) -> None:
+        """GET chats a complete listing lacked, at ``absent_confirm_rate``: 404 → gone,
+        ``archived`` → archived, otherwise the chat is there (the cursor skipped it) and
+        keeps its clock. A failed read leaves it absent for the next listing to judge."""
+        batch = list(self._to_confirm)[:ABSENT_GETS_PER_PASS]
+        interval = 1.0 / self.settings.absent_confirm_rate
+        clock = self.health.server_clock
+        for chat_id in batch:
+            self._to_confirm.pop(chat_id, None)
+            if chat_id not in self.store.absent(self.name):
+                continue  # seen again meanwhile (an event, a later listing)
+            self.health.absent_confirms += 1
+            change: Change | None
+            try:
+                chat = await self.client.get_chat(chat_id)
+            except CoderError as exc:
+                if exc.status != 404:
+                    log.info(
+                        "absent.confirm_failed", identity=self.name, chat_id=chat_id, error=str(exc)
+                    )
+                    return
+                change = self.store.tombstone(self.name, chat_id, reason="gone (404)")
+            except PayloadError as exc:
+                log.info(
+                    "absent.confirm_failed", identity=self.name, chat_id=chat_id, error=str(exc)
+                )
+                continue
+            else:
+                change = self.store.observe(self.name, chat, now=clock.now(), via="confirm")
+                if change is None and not chat.archived:
+                    log.debug("absent.still_there", identity=self.name, chat_id=chat_id)
+            if change is not None:
+                self.detector.apply(self.name, (change,))
+            await asyncio.sleep(interval)
+        self.health.absent = len(self.store.absent(self.name))
 
     # -- Confirmer ----------------------------------------------------------------
 
