@@ -1,6 +1,6 @@
 """The ``watchd`` command: run, check-config, scan, demo, sim.
 
-Exit codes follow ``spec/interface.md``: 2 for invalid configuration (one
+Exit codes follow README's command table: 2 for invalid configuration (one
 problem per line, naming its field path), 0 after a clean shutdown.
 """
 

@@ -128,6 +128,7 @@ class DaemonProcess:
         extra: dict[str, Any] | None = None,
         state_dir: Path | None = None,
         env: dict[str, str] | None = None,
+        identity_extra: dict[str, Any] | None = None,
     ) -> None:
         self.tmp = tmp
         self.sim = sim
@@ -148,6 +149,7 @@ class DaemonProcess:
                     "token_file": str(token_file),
                     "unhealthy_after": "2s",
                     "labels": {"team": name},
+                    **(identity_extra or {}),
                 }
             )
         config: dict[str, Any] = {

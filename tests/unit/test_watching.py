@@ -34,6 +34,7 @@ FAST = WatchSettings(
     backoff_cap=0.4,
     healthy_after=5.0,
     auth_retry=0.3,
+    auth_confirm_after=0.2,
 )
 
 

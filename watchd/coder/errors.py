@@ -1,7 +1,7 @@
 """One error type for everything Coder answers, classified retryable or permanent.
 
 The classification is what callers branch on; ``meaning`` says, for people,
-what that status means for chats (``spec/coder-chats-api.md`` §4, §6).
+what that status means for chats (docs/coder-api.md, "Errors").
 """
 
 from __future__ import annotations

@@ -35,6 +35,11 @@ def status_document(d: Daemon) -> dict[str, Any]:
                 if h.last_list_ok is None
                 else round(h.server_clock.now() - h.last_list_ok, 1),
                 "last_list_seconds": h.last_list_seconds,
+                "last_list_pages": h.last_list_pages,
+                "incomplete_listings": h.incomplete_listings,
+                "absent": h.absent,
+                "absent_confirms": h.absent_confirms,
+                "refused": h.refused,
                 "chats": sum(by_status.values()),
                 "chats_by_status": dict(sorted(by_status.items())),
                 "last_error": h.last_error,

@@ -1,4 +1,4 @@
-"""The stuck detector (``spec/alerting.md``).
+"""The stuck detector (docs/alerting.md).
 
 Watchers feed it store changes; it arms one timer per chat clock on a heap
 (never scans all chats), and when a clock runs past its budget on the

@@ -1,7 +1,7 @@
 """The simulator's HTTP face: Coder's chats routes for the configured era, the
 watch WebSocket, users/quota/workspace routes, and an admin API under ``/__sim``.
 
-Status codes and bodies follow ``spec/coder-chats-api.md``. Auth runs before
+Status codes and bodies follow docs/coder-api.md. Auth runs before
 every handler (a bad token on the watch gets a plain 401, not a 101).
 """
 
@@ -326,6 +326,7 @@ class SimServer:
         user = request[USER_KEY]
         limit, offset, after = self._pagination(request)
         q = self._parse_q(request.query.get("q", ""))
+        page = state.listing_page(user.id, first=after is None and offset == 0)
         archived = q.get("archived", "false") == "true"
         wanted_labels = []
         for raw in request.query.getall("label", []):
@@ -365,7 +366,7 @@ class SimServer:
                 ]
         rows = rows[offset : offset + limit]
         body = [state.chat_json(c) for c in rows]
-        state.listing_page_served(user.id, first=after is None and offset == 0)
+        state.listing_page_served(user.id, page)
         return _json(200, body)
 
     async def get_chat(self, request: web.Request) -> web.StreamResponse:
@@ -737,7 +738,8 @@ class SimServer:
 
     async def admin_bump(self, request: web.Request) -> web.StreamResponse:
         """A step commit now, or (``{"after_page": N}``) after page N of every later
-        listing by its owner: the chat moves in the order, nothing is published."""
+        listing by its owner (0: as each listing starts; null: disarm): the chat moves in
+        the order, nothing is published."""
         cid = request.match_info["id"]
         if cid not in self.state.chats:
             return _json(404, {"message": "no such chat"})
@@ -745,7 +747,7 @@ class SimServer:
         after = body.get("after_page")
         if after is None:
             self.state.bump(cid)
-        elif isinstance(after, int) and after > 0:
+        elif isinstance(after, int) and after >= 0:
             self.state.bump_after_page[cid] = after
         else:
             self.state.bump_after_page.pop(cid, None)

@@ -370,10 +370,20 @@ class SimState:
         does not, and nothing is published on the watch stream."""
         self.chats[chat_id].updated_at = self.now()
 
-    def listing_page_served(self, user_id: str, *, first: bool) -> None:
-        """Called after each listing page: bumps the chats armed to move after it."""
+    def listing_page(self, user_id: str, *, first: bool) -> int:
+        """Called before each listing page is computed; returns its number. Chats armed
+        with page 0 are bumped as a listing starts, so they sort above the rest."""
         page = 1 if first else self._listing_page.get(user_id, 0) + 1
         self._listing_page[user_id] = page
+        if first:
+            self._bump_armed(user_id, 0)
+        return page
+
+    def listing_page_served(self, user_id: str, page: int) -> None:
+        """Called after a listing page was computed: bumps the chats armed for it."""
+        self._bump_armed(user_id, page)
+
+    def _bump_armed(self, user_id: str, page: int) -> None:
         for chat_id, after in list(self.bump_after_page.items()):
             chat = self.chats.get(chat_id)
             if chat is None:

@@ -1,7 +1,7 @@
 """The transport-event seam: one sink that every producer writes into.
 
 watchd's own HTTP and WebSocket traffic and the events agents send to the
-ingest endpoint are the same shapes (``spec/transport-events.md``) and take
+ingest endpoint are the same shapes (docs/forwarding-events.md) and take
 the same path. Producers call :meth:`EventSink.emit`, which must never block
 and never raise: a slow or broken consumer costs counted drops, not watcher
 progress.

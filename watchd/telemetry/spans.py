@@ -1,4 +1,4 @@
-"""Transport and segment events → span records (``spec/transport-events.md``). Pure.
+"""Transport and segment events → span records (docs/forwarding-events.md). Pure.
 
 Pairs are keyed so that concurrency cannot cross wires:
 

@@ -58,8 +58,6 @@ BUILD_CACHE = 1_000  # workspace builds remembered for diagnosis (oldest dropped
 # status has a budget is always confirmed by GET.
 ABSENT_GET_LIMIT = 20
 ABSENT_GETS_PER_PASS = 100
-# A refused token is tried once more after this long before it counts as refused.
-AUTH_CONFIRM_AFTER = 5.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +71,9 @@ class WatchSettings:
     auth_retry: float = 300.0
     # GETs per second confirming chats a listing lacked.
     absent_confirm_rate: float = 4.0
+    # A refused token (401/403) is tried once more after this long before it counts as
+    # refused: a proxy hiccup or a rotation mid-flight can refuse once.
+    auth_confirm_after: float = 5.0
     # Events buffered while a listing runs; past this the stream is dropped and relisted.
     buffer_limit: int = 20_000
     quota_ttl: float = 60.0
@@ -182,9 +183,9 @@ class IdentityWatcher:
                     identity=self.name,
                     status=exc.status,
                     meaning=exc.meaning,
-                    confirm_in=AUTH_CONFIRM_AFTER,
+                    confirm_in=self.settings.auth_confirm_after,
                 )
-                return AUTH_CONFIRM_AFTER
+                return self.settings.auth_confirm_after
             self.health.refused = True
             self.detector.readiness_changed(self.name)
             log.error(
