@@ -141,7 +141,9 @@ class IdentityWatcher:
                 backoff.reset()
             wait = backoff.next()
             if delay is not None:
-                wait = max(wait, delay)
+                # A refusal keeps its own schedule (confirm soon, then auth_retry): an
+                # outage just before it must not stretch the confirming retry.
+                wait = delay if self.health.state == "auth_failed" else max(wait, delay)
             self.health.reconnects += 1
             transport.emit_ws(
                 "ws:redial",
@@ -259,7 +261,11 @@ class IdentityWatcher:
                 await asyncio.wait({pump, refused}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 refused.cancel()
-            if self._refusal is not None and not pump.done():
+            if self._refusal is not None:
+                # The token was refused on some REST call (the reconcile may also have
+                # closed the socket meanwhile): the refusal is what ended this session.
+                if pump.done() and not pump.cancelled():
+                    pump.exception()
                 raise self._refusal
             await pump
             raise StreamClosed(None, "stream ended")
