@@ -196,12 +196,21 @@ def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
         json.dumps([state.chat_json(c) for c in rows[k : k + page]]).encode()
         for k in range(0, chats, page)
     ]
-    after = {rows[k - 1].id: i for i, k in enumerate(range(0, chats, page))}
+    # The page that follows each page's last row, as coderd's keyset would answer it;
+    # any other cursor (a walk-back) is answered from the rows' positions.
+    after = {rows[k - 1].id: i for i, k in enumerate(range(0, chats, page)) if k}
+    position = {c.id: i for i, c in enumerate(rows)}
 
     class Canned(CoderClient):
         async def _chat_call(self, method: str, suffix: str, **kw: Any) -> Response:
             cursor = dict(kw.get("params") or []).get("after_id")
-            body = pages[after[cursor]] if cursor else pages[0]
+            if not cursor:
+                body = pages[0]
+            elif cursor in after:
+                body = pages[after[cursor]]
+            else:
+                start = position[cursor] + 1
+                body = json.dumps([state.chat_json(c) for c in rows[start : start + page]]).encode()
             return Response(status=200, headers={}, body=body)
 
     class Sink:

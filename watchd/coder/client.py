@@ -29,16 +29,19 @@ from watchd.coder.models import (
     parse_user,
     parse_workspace_build,
 )
-from watchd.coder.transport import Response, Transport
+from watchd.coder.transport import MAX_BODY, Response, Transport
 
 PREFIXES = ("/api/v2", "/api/experimental")
 # coderd has no page-size maximum (``ParsePagination`` checks only for a non-negative
 # int32); big pages cut requests and shorten the window in which the moving cursor can
 # skip a row. See docs/coder-api.md.
 DEFAULT_PAGE_SIZE = 500
-# No deployment holds a million chats per user; a listing that pages on past
-# this is a server looping on its cursor, and we stop rather than spin.
-MAX_PAGES = 10_000
+# A listing that pages on past this is a server looping on its cursor (or inventing
+# rows): we stop rather than spin, and the listing counts as incomplete.
+MAX_PAGES = 2_000
+# A listing page may be this large per row asked for (subagents ride inside their root).
+PAGE_BYTES_PER_ROW = 64 * 1024
+MIN_PAGE_BYTES = 8 * 1024 * 1024
 # An empty page right after a full one may mean the cursor chat was deleted mid-sweep
 # (coderd's comparison with a missing row is NULL): retry from this many earlier rows.
 CURSOR_WALKBACK = 3
@@ -100,6 +103,7 @@ class CoderClient:
         params: list[tuple[str, str]] | None = None,
         json_body: Any = None,
         retry: bool = True,
+        max_body: int = MAX_BODY,
     ) -> Response:
         backoff = Backoff(base=0.5, cap=20.0, rng=self._rng)
         loop = asyncio.get_running_loop()
@@ -109,7 +113,7 @@ class CoderClient:
             attempt += 1
             try:
                 return await self.transport.request(
-                    method, path, params=params, json_body=json_body
+                    method, path, params=params, json_body=json_body, max_body=max_body
                 )
             except CoderError as exc:
                 if exc.is_auth and self.on_refused is not None:
@@ -157,12 +161,18 @@ class CoderClient:
         params: list[tuple[str, str]] | None = None,
         json_body: Any = None,
         retry: bool = True,
+        max_body: int = MAX_BODY,
     ) -> Response:
         """A call under the chats prefix; a 404 re-probes once in case the server moved."""
         prefix = await self.resolve_prefix()
         try:
             return await self._call(
-                method, prefix + suffix, params=params, json_body=json_body, retry=retry
+                method,
+                prefix + suffix,
+                params=params,
+                json_body=json_body,
+                retry=retry,
+                max_body=max_body,
             )
         except CoderError as exc:
             if exc.status != 404:
@@ -171,7 +181,12 @@ class CoderClient:
             if fresh == prefix:
                 raise
             return await self._call(
-                method, fresh + suffix, params=params, json_body=json_body, retry=retry
+                method,
+                fresh + suffix,
+                params=params,
+                json_body=json_body,
+                retry=retry,
+                max_body=max_body,
             )
 
     # -- chats --------------------------------------------------------------------
@@ -229,7 +244,12 @@ class CoderClient:
             params = list(base)
             if after:
                 params.append(("after_id", after))
-            resp = await self._chat_call("GET", "/chats", params=params)
+            resp = await self._chat_call(
+                "GET",
+                "/chats",
+                params=params,
+                max_body=max(MIN_PAGE_BYTES, limit * PAGE_BYTES_PER_ROW),
+            )
             rows = resp.json()
             if not isinstance(rows, list):
                 raise PayloadError("chats", f"expected a JSON array, got {type(rows).__name__}")

@@ -10,9 +10,10 @@ Pairs are keyed so that concurrency cannot cross wires:
 - segments: (sender incl. agent, segment).
 
 Open pairs are bounded by a horizon and a cap; what falls out becomes an ERROR span marked
-unsettled and is counted. Every event costs O(1) however many pairs are open: open segments
-and connections are indexed by (sender, chat), so a redial or a segment's links never scan
-the open table, and redials waiting for their connection are capped per connection. Ends with no start still become spans (start = end − durationMs).
+unsettled and is counted. Every event costs O(1) however many pairs are open: open
+segments and connections are indexed by (sender, chat), so a redial or a segment's links
+never scan the open table, and redials waiting for their connection are capped per
+connection. Ends with no start still become spans (start = end − durationMs).
 Timestamps come from the events, never from when we processed them. IDs are allocated
 here, so a segment can link to the connections that served it.
 """
