@@ -474,3 +474,15 @@ async def test_an_invalid_execution_state_is_said_on_the_stuck_alert() -> None:
         assert "reconcile-invalid" in second.annotations["hint"]
         r.see("c1", "error", r.clock.now())
         assert ("a", "c1") not in r.det.invalid
+
+
+async def test_an_event_stamped_1970_does_not_fire() -> None:
+    """A watch event whose updated_at is before the chat's created_at is no clock: the chat
+    is not 56 years past its budget, and nothing fires."""
+    async with rig(Budgets(running=300)) as r:
+        r.ready()
+        r.see("c1", "running", 0.0, created_raw="2026-11-28T10:00:00Z")
+        await r.settle()
+        assert r.sink.alerts == []
+        rec = r.store.get("a", "c1")
+        assert rec is not None and rec.since > 1_000_000_000

@@ -65,6 +65,19 @@ class Chat:
     client_type: str = ""
     context_error: str = ""
     warnings: tuple[str, ...] = ()
+    # created_at unparsed: read only when updated_at needs checking against it.
+    created_raw: str | None = None
+
+    def created(self) -> float | None:
+        """created_at as epoch seconds, or None when absent or unreadable."""
+        if self.created_at is not None:
+            return self.created_at
+        if not self.created_raw:
+            return None
+        try:
+            return timestamp(self.created_raw)
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +244,7 @@ def parse_chat(obj: Any, *, where: str = "chat") -> Chat:
         _KINDS[client_type] if type(client_type) is str and client_type else "",
         context_error[:300] if type(context_error) is str else "",
         tuple(str(w)[:200] for w in warnings[:5]) if warnings and type(warnings) is list else (),
+        created if type(created := get("created_at")) is str else None,
     )
 
 

@@ -26,13 +26,18 @@ status. Its ``source`` says how we know:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NewType
 
 from watchd.coder.models import TITLE_MAX, Chat, ChatError, flatten, parse_chat, timestamp
 
 Identity = NewType("Identity", str)
 ChatKey = tuple[str, str]  # (identity, chat id)
+
+# A server timestamp this far past the server-clock estimate is not believed: it is
+# clamped to "now" (and counted), so one stamp from a clock that stepped cannot make
+# every later observation look stale.
+FUTURE_TOLERANCE = 30.0
 
 CLOCK_TRANSITION = "transition"
 CLOCK_SYNTHESIZED = "synthesized"
@@ -92,6 +97,10 @@ class ChatStore:
         self.overflow = 0
         self.stale_ignored = 0
         self.synthesized = 0
+        # Timestamps not believed: ahead of the server clock (clamped), or before the
+        # chat was created (not a clock at all), by identity.
+        self.future_clamped: dict[str, int] = {}
+        self.before_created: dict[str, int] = {}
 
     def __len__(self) -> int:
         return self._count
@@ -141,6 +150,7 @@ class ChatStore:
         """
         recs = self._by_identity.setdefault(identity, {})
         old = recs.get(chat.id)
+        chat = self._sane(identity, chat, now=now)
         if self._absent:
             absent = self._absent.get(identity)
             if absent:
@@ -161,6 +171,7 @@ class ChatStore:
             return Change("tombstone", old, old, reason="deleted")
         if (
             old is not None
+            and via != "confirm"  # a confirmation read is authoritative
             and chat.updated_at is not None
             and old.updated_at is not None
             and chat.updated_at < old.updated_at
@@ -220,6 +231,22 @@ class ChatStore:
         )
         recs[chat.id] = rec
         return Change("refresh", rec, old)
+
+    def _sane(self, identity: str, chat: Chat, *, now: float) -> Chat:
+        """``chat`` with an ``updated_at`` that can serve as a clock: one past server-now
+        (beyond the tolerance) is clamped to now; one before the chat's ``created_at`` is
+        dropped (the observation time stands in). Both are counted by identity."""
+        ts = chat.updated_at
+        if ts is None:
+            return chat
+        if ts > now + FUTURE_TOLERANCE:
+            self.future_clamped[identity] = self.future_clamped.get(identity, 0) + 1
+            return replace(chat, updated_at=now)
+        created = chat.created() if ts < now - 86_400 or chat.created_at is not None else None
+        if created is not None and ts < created - FUTURE_TOLERANCE:
+            self.before_created[identity] = self.before_created.get(identity, 0) + 1
+            return replace(chat, updated_at=None)
+        return chat
 
     def tombstone(self, identity: str, chat_id: str, *, reason: str) -> Change | None:
         absent = self._absent.get(identity)

@@ -115,6 +115,7 @@ class IdentityWatcher:
         client.on_refused = self._on_refused
         # workspace id -> (monotonic time read, latest build): shared by a burst's verdicts.
         self._builds: dict[str, tuple[float, WorkspaceBuild]] = {}
+        self._clock_warned: set[str] = set()
 
     # -- loop 1: reconnect forever ------------------------------------------------
 
@@ -371,6 +372,33 @@ class IdentityWatcher:
             self.health.last_list_chats = len(present)
             self.health.last_list_pages = listing.pages
             self.health.relists += 1
+            self._check_clock()
+
+    def _check_clock(self) -> None:
+        """Say once per identity when the deployment's clock cannot be trusted: responses
+        without a Date header, or chat timestamps ahead of it or before the chats began."""
+        clock = self.health.server_clock
+        said = self._clock_warned
+        if clock.missing_date and "date" not in said:
+            said.add("date")
+            log.warning(
+                "clock.no_date_header",
+                identity=self.name,
+                responses=clock.missing_date,
+                note="the server clock is estimated from the other responses only",
+            )
+        ahead = self.store.future_clamped.get(self.name, 0)
+        before = self.store.before_created.get(self.name, 0)
+        if (ahead or before) and "stamps" not in said:
+            said.add("stamps")
+            log.warning(
+                "clock.disagrees",
+                identity=self.name,
+                ahead_of_server_clock=ahead,
+                before_created_at=before,
+                offset_seconds=round(clock.offset, 3),
+                note="such timestamps are clamped to the server clock or ignored as clocks",
+            )
 
     def _absent_found(self, absent: dict[str, int]) -> None:
         """Sort the chats a complete listing lacked: confirm by GET, wait, or tombstone."""
