@@ -3,6 +3,7 @@ the moving cursor skips, confirmation by GET, the capacity flag that clears, ref
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -11,6 +12,11 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import Sim
+
+# The server-clock estimate moves by fractions of a second as Date samples arrive, and a
+# chat seen "after a listing started" is spared by it: listings here are a second apart,
+# as real ones (a minute apart) always are.
+APART = 1.1
 from tests.unit.test_client import client_for
 from tests.unit.test_watching import eventually, watching
 from watchd.clock import ServerClock
@@ -42,6 +48,7 @@ async def test_a_chat_the_cursor_skips_keeps_its_record_and_clock(
         for other in others:
             sim.state.bump_after_page[other.id] = 0
         for _ in range(3):
+            await asyncio.sleep(APART)
             await r.watcher.relist()
             assert r.health.last_list_pages >= 3
             assert r.store.absent("alice") == {moving.id: 1}
@@ -62,6 +69,7 @@ async def test_a_deleted_chat_is_gone_only_after_a_404(
     async with watching(sim, alice, session) as r:
         await eventually(lambda: r.health.ready)
         sim.state.delete(chat.id)
+        await asyncio.sleep(APART)
         await r.watcher.relist()
         assert r.store.get("alice", chat.id) is not None
         await r.watcher._confirm_absent()
@@ -78,6 +86,7 @@ async def test_an_archive_whose_event_was_lost_is_found_by_the_get(
     async with watching(sim, alice, session) as r:
         await eventually(lambda: r.health.ready)
         sim.state.chats[chat.id].archived = True  # the deleted event never arrived
+        await asyncio.sleep(APART)
         await r.watcher.relist()
         assert r.store.get("alice", chat.id) is not None
         await r.watcher._confirm_absent()
@@ -95,9 +104,11 @@ async def test_many_idle_chats_missing_wait_for_a_second_listing(
         await eventually(lambda: r.health.ready)
         for chat in idle:
             sim.state.delete(chat.id)
+        await asyncio.sleep(APART)
         await r.watcher.relist()
         assert len(r.store.absent("alice")) == 30 and not r.watcher._to_confirm
         assert all(r.store.get("alice", c.id) is not None for c in idle)
+        await asyncio.sleep(APART)
         await r.watcher.relist()
         assert all(r.store.get("alice", c.id) is None for c in idle)
 
@@ -283,3 +294,28 @@ async def test_a_revoked_token_is_noticed_through_the_next_rest_call(
             await r.watcher.relist()
         await eventually(lambda: r.health.refused, within=5)
         assert r.health.state == "auth_failed" and "401" in r.health.last_error
+
+
+async def test_a_busy_stream_during_the_first_listing_keeps_dirty_ids(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """Past the event buffer during a slow listing, the watcher keeps the ids of the chats
+    that changed and re-reads them after, instead of dropping the stream and relisting
+    forever; the identity becomes ready on the first try."""
+    from dataclasses import replace
+
+    from tests.unit.test_watching import FAST
+
+    alice = sim.state.add_user("alice")
+    chats = [sim.state.add_chat(alice, status="running", publish=False) for _ in range(12)]
+    sim.state.faults.latency = 1.0
+    async with watching(sim, alice, session, replace(FAST, buffer_limit=5)) as r:
+        await eventually(lambda: sim.state.subscribers, within=10)
+        for c in chats:
+            sim.state.set_status(c.id, "waiting")
+        await eventually(lambda: r.health.ready, within=10)
+        sim.state.faults.latency = 0.0
+        assert r.health.overflow == 1 and r.health.reconnects == 0
+        assert set(r.watcher._to_confirm) == {c.id for c in chats}
+        await r.watcher._confirm_absent()
+        assert all(r.store.get("alice", c.id).status == "waiting" for c in chats)  # type: ignore[union-attr]

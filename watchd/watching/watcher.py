@@ -74,8 +74,11 @@ class WatchSettings:
     # A refused token (401/403) is tried once more after this long before it counts as
     # refused: a proxy hiccup or a rotation mid-flight can refuse once.
     auth_confirm_after: float = 5.0
-    # Events buffered while a listing runs; past this the stream is dropped and relisted.
+    # Events buffered while a listing runs; past this only the ids of the chats they were
+    # about are kept (as Coder's web client does) and re-read once the listing is applied.
     buffer_limit: int = 20_000
+    # Dirty chat ids kept past the buffer; past this the stream is dropped and relisted.
+    dirty_limit: int = 200_000
     quota_ttl: float = 60.0
 
 
@@ -106,8 +109,12 @@ class IdentityWatcher:
         self._relist_lock = asyncio.Lock()
         self._quota: tuple[float, Quota | None] | None = None
         self._buffer: list[WatchEvent] | None = None
-        # Absent chats waiting for a confirming GET (insertion-ordered set).
-        self._to_confirm: dict[str, None] = {}
+        # Chats whose events overflowed the buffer during a listing: re-read after it.
+        self._dirty: set[str] | None = None
+        self._relist_now = False
+        # Chats waiting for a GET, in order: "absent" (a listing lacked them) or "dirty"
+        # (their events overflowed the buffer during a listing).
+        self._to_confirm: dict[str, str] = {}
         self._absent_wake = asyncio.Event()
         # Set by any call that Coder refused with 401/403 (the client's on_refused).
         self._refused = asyncio.Event()
@@ -238,6 +245,7 @@ class IdentityWatcher:
         # Events that arrive while the listing runs wait here; past the limit the
         # stream is dropped and relisted.
         self._buffer = []
+        self._dirty = None
         pump = asyncio.create_task(conn.pump(self._on_event), name=f"watch:{self.name}")
         listing: asyncio.Task[None] | None = None
         try:
@@ -249,6 +257,9 @@ class IdentityWatcher:
             buffered, self._buffer = self._buffer, None
             for event in buffered:
                 self._apply(event)
+            dirty, self._dirty = self._dirty, None
+            if dirty:
+                self._reread(dirty)
             self.health.set_state("ready")
             self.detector.readiness_changed(self.name)
             log.info(
@@ -275,6 +286,7 @@ class IdentityWatcher:
             raise
         finally:
             self._buffer = None
+            self._dirty = None
             for task in (pump, listing):
                 if task is not None and not task.done():
                     task.cancel()
@@ -289,10 +301,35 @@ class IdentityWatcher:
         if buffer is None:
             self._apply(event)
             return
+        dirty = self._dirty
+        if dirty is not None:
+            dirty.add(event.chat.id)
+            if len(dirty) > self.settings.dirty_limit:
+                raise ResyncNeeded("too many chats changed during the listing")
+            return
         buffer.append(event)
         if len(buffer) > self.settings.buffer_limit:
+            # Keep which chats moved, not every event: they are re-read after the listing.
             self.health.overflow += 1
-            raise ResyncNeeded("event buffer overflow during listing")
+            self._dirty = {e.chat.id for e in buffer}
+            buffer.clear()
+            log.info(
+                "watch.buffer_overflow",
+                identity=self.name,
+                buffered=self.settings.buffer_limit,
+                note="keeping the ids of the chats that change; they are re-read after",
+            )
+
+    def _reread(self, dirty: set[str]) -> None:
+        """Chats whose events overflowed the buffer: a few are read by GET (as absent
+        chats are), many by one more listing right away."""
+        if len(dirty) <= ABSENT_GET_LIMIT:
+            for chat_id in dirty:
+                self._to_confirm.setdefault(chat_id, "dirty")
+        else:
+            self._relist_now = True
+        log.info("watch.reread", identity=self.name, chats=len(dirty), by_listing=self._relist_now)
+        self._absent_wake.set()
 
     def _apply(self, event: WatchEvent) -> None:
         self.health.events += 1
@@ -313,6 +350,8 @@ class IdentityWatcher:
         while True:
             due = loop.time() + interval * self.rng.uniform(0.9, 1.1)
             while (left := due - loop.time()) > 0:
+                if self._relist_now and self.health.ready:
+                    break
                 if self._to_confirm and self.health.ready:
                     await self._confirm_absent()
                     continue
@@ -322,6 +361,7 @@ class IdentityWatcher:
                         await self._absent_wake.wait()
             if not self.health.ready:
                 continue
+            self._relist_now = False
             try:
                 await self.relist()
             except (CoderError, PayloadError) as exc:
@@ -416,7 +456,7 @@ class IdentityWatcher:
                     if change is not None:
                         gone.append(change)
                 continue
-            self._to_confirm[chat_id] = None
+            self._to_confirm[chat_id] = "absent"
         self.health.absent = len(self.store.absent(self.name))
         if gone:
             self.detector.apply(self.name, gone)
@@ -437,9 +477,10 @@ class IdentityWatcher:
         batch = list(self._to_confirm)[:ABSENT_GETS_PER_PASS]
         interval = 1.0 / self.settings.absent_confirm_rate
         clock = self.health.server_clock
+        absent = self.store.absent(self.name)
         for chat_id in batch:
-            self._to_confirm.pop(chat_id, None)
-            if chat_id not in self.store.absent(self.name):
+            why = self._to_confirm.pop(chat_id, "absent")
+            if why == "absent" and chat_id not in absent:
                 continue  # seen again meanwhile (an event, a later listing)
             self.health.absent_confirms += 1
             change: Change | None
@@ -458,7 +499,9 @@ class IdentityWatcher:
                 )
                 continue
             else:
-                change = self.store.observe(self.name, chat, now=clock.now(), via="confirm")
+                # A dirty re-read is no more authoritative than the events since it.
+                via = "confirm" if why == "absent" else "listing"
+                change = self.store.observe(self.name, chat, now=clock.now(), via=via)
                 if change is None and not chat.archived:
                     log.debug("absent.still_there", identity=self.name, chat_id=chat_id)
             if change is not None:
