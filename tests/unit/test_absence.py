@@ -13,10 +13,6 @@ from aiohttp import web
 
 from tests.conftest import Sim
 
-# The server-clock estimate moves by fractions of a second as Date samples arrive, and a
-# chat seen "after a listing started" is spared by it: listings here are a second apart,
-# as real ones (a minute apart) always are.
-APART = 1.1
 from tests.unit.test_client import client_for
 from tests.unit.test_watching import eventually, watching
 from watchd.clock import ServerClock
@@ -29,6 +25,11 @@ from watchd.detection.diagnosis import Facts, hint
 from watchd.detection.health import IdentityHealth
 from watchd.store.chats import ChatStore
 from watchd.store.persistence import StateDB
+
+# The server-clock estimate moves by fractions of a second as Date samples arrive, and a
+# chat seen "after a listing started" is spared by it: listings here are a second apart,
+# as real ones (a minute apart) always are.
+APART = 1.1
 
 
 async def test_a_chat_the_cursor_skips_keeps_its_record_and_clock(
