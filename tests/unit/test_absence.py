@@ -12,7 +12,6 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import Sim
-
 from tests.unit.test_client import client_for
 from tests.unit.test_watching import eventually, watching
 from watchd.clock import ServerClock
