@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import random
+import sqlite3
 import time
 from pathlib import Path
 from typing import TextIO
@@ -43,6 +44,7 @@ from watchd.config import (
     resolve_secrets,
 )
 from watchd.daemon.notify import SdNotifier
+from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir
 from watchd.daemon.server import Server
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
@@ -96,7 +98,7 @@ class _Pending:
 
 
 def state_dir(config: Config) -> Path:
-    return Path(os.environ.get("STATE_DIRECTORY", "").split(":")[0] or config.state_dir)
+    return effective_state_dir(config.state_dir)
 
 
 class Daemon:
@@ -128,7 +130,12 @@ class Daemon:
         else:
             self.events = self.telemetry.sink if config.telemetry.own_events else NullSink()
         self.settings = settings or WatchSettings(reconcile_interval=config.reconcile_interval)
-        self.db = StateDB(state_dir(config) / "watchd.sqlite3")
+        try:
+            self.db = StateDB(state_dir(config) / "watchd.sqlite3")
+        except (OSError, sqlite3.Error) as exc:
+            raise StartupError(
+                f"state_dir: cannot open {state_dir(config) / 'watchd.sqlite3'} ({exc})"
+            ) from None
         loaded = self.store.load(self.db.load_chats())
         self.detector = Detector(
             store=self.store,
@@ -228,7 +235,10 @@ class Daemon:
                 self.detector.sink = self.dispatcher
                 sup.spawn("dispatch-housekeeping", self.dispatcher.run, group="core", root=True)
                 log.info("dispatch.restored", alerts=restored)
-            bound = await self.server.start()
+            try:
+                bound = await self.server.start()
+            except OSError as exc:
+                raise StartupError(bind_problem(self.config.server.listen, exc)) from None
             log.info("server.listening", listen=bound)
             sup.spawn("heartbeat", self._heartbeat, group="core", root=True)
             sup.spawn("detector", self.detector.run, group="core", root=True)
