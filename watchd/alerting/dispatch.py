@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from watchd import logs
-from watchd.alerting.model import Alert
+from watchd.alerting.model import Alert, live
 from watchd.alerting.receivers.base import Notification, Notifier, NotifyError
 from watchd.alerting.routing import Route
 from watchd.alerting.silencing import Inhibitor, Silencer
@@ -200,7 +200,8 @@ class Dispatcher:
             receiver=receiver,
             group_key=group.key,
             group_labels=group.labels,
-            alerts=tuple(sorted(alerts, key=lambda a: a.starts_at)),
+            # Time in status as of this send: a repeat says how long it has been by now.
+            alerts=tuple(live(a, now) for a in sorted(alerts, key=lambda a: a.starts_at)),
             external_url=self.external_url,
         )
         loop = asyncio.get_running_loop()

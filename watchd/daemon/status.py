@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from watchd.alerting.model import live
 from watchd.config import format_duration
 
 if TYPE_CHECKING:
@@ -52,8 +53,10 @@ def status_document(d: Daemon) -> dict[str, Any]:
             }
         )
     det = d.detector
+    now = time.time()
+    # Time in status as of this request, not as of when each alert fired.
     firing = [
-        a.to_json()
+        live(a, now).to_json()
         for a in sorted(
             det.firing.values(), key=lambda a: (a.labels.get("identity", ""), a.starts_at)
         )
