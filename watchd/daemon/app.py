@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import random
 import sqlite3
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import aiohttp
 
@@ -43,6 +44,7 @@ from watchd.config import (
     load_config,
     resolve_secrets,
 )
+from watchd.daemon import reloading
 from watchd.daemon.notify import SdNotifier
 from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir
 from watchd.daemon.server import Server
@@ -129,7 +131,9 @@ class Daemon:
             self.events: EventSink = events
         else:
             self.events = self.telemetry.sink if config.telemetry.own_events else NullSink()
+        self._settings_from_config = settings is None
         self.settings = settings or WatchSettings(reconcile_interval=config.reconcile_interval)
+        self.last_reload: dict[str, Any] | None = None
         try:
             self.db = StateDB(state_dir(config) / "watchd.sqlite3")
         except (OSError, sqlite3.Error) as exc:
@@ -161,20 +165,7 @@ class Daemon:
         self.health: dict[str, IdentityHealth] = {}
         self.watchers: dict[str, IdentityWatcher] = {}
         self.file_sources: list[FileSource] = []
-        self.sweeper: Sweeper | None = None
-        if config.sweep.enabled:
-            self.sweeper = Sweeper(
-                config=config.sweep,
-                store=self.store,
-                health=self.health,
-                clients=lambda n: self.watchers[n].client if n in self.watchers else None,
-                db=self.db,
-                sink=lambda: self.detector.sink,
-                audit_path=state_dir(config) / "sweep-audit.jsonl",
-                labels=lambda n: next(
-                    (i.labels for i in self.config.identities if i.name == n), {}
-                ),
-            )
+        self.sweeper: Sweeper | None = self._make_sweeper(config)
         self.server = Server(self, listen=config.server.listen)
         self._session: aiohttp.ClientSession | None = None
         self._gate = asyncio.Semaphore(CONCURRENT_LISTINGS)
@@ -327,6 +318,28 @@ class Daemon:
             )
             self.notifier.notify(READY="1", STATUS="reload rejected: " + exc.problems[0][:200])
             return False
+        previous = self.config
+        paths = reloading.changed(previous, config)
+        restart = reloading.needs_restart(paths)
+        if not self._settings_from_config and "reconcile_interval" in paths:
+            restart.append("reconcile_interval")  # fixed by the embedding (the demo)
+        # Settings every watcher, detector verdict or quota poll reads at start: applying
+        # them means restarting each identity (clocks and firing alerts are kept).
+        everyone = any(
+            p == "reconcile_interval"
+            or p.startswith(("detection", "quota"))
+            or p == "chat_link_template"
+            for p in paths
+        )
+        if self._settings_from_config:
+            self.settings = dataclasses.replace(
+                self.settings, reconcile_interval=config.reconcile_interval
+            )
+        d = config.detection
+        self.detector.confirm_rate = d.confirm_rate
+        self.detector.listing_threshold = d.confirm_listing_threshold
+        self.detector.chat_failed = d.chat_failed
+        self.detector.link_template = config.chat_link_template
         old = {i.name: i for i in self.config.identities}
         new = {i.name: i for i in config.identities}
         removed = sorted(old.keys() - new.keys())
@@ -347,6 +360,13 @@ class Daemon:
             self.add_identity(new[name])
         for name in added:
             self.add_identity(new[name])
+        if everyone:
+            for name in sorted(old.keys() & new.keys()):
+                if name not in changed:
+                    await self.remove_identity(name, forget=False)
+                    self.add_identity(new[name])
+        if previous.sweep != config.sweep:
+            await self._restart_sweeper()
         self.route = routing.build(config.route)
         self.inhibitor = Inhibitor(config.inhibit_rules)
         self.silencer.replace_config(from_config(config.silences, now=time.time()))
@@ -356,10 +376,59 @@ class Daemon:
                 inhibitor=self.inhibitor,
                 notifiers=build_all(config, secrets, self._session, stdout=self.stdout),
             )
+            self.dispatcher.external_url = config.server.external_url
+        applied = [p for p in paths if p not in restart]
         self.reloads["applied"] += 1
-        log.info("reload.applied", added=added, removed=removed, changed=changed)
-        self.notifier.notify(READY="1", STATUS=self.status_line())
+        self.last_reload = {
+            "at": time.time(),
+            "applied": applied,
+            "needs_restart": restart,
+            "identities": {"added": added, "removed": removed, "changed": changed},
+        }
+        log.info(
+            "reload.applied",
+            settings=applied,
+            added=added,
+            removed=removed,
+            changed=changed,
+            needs_restart=restart,
+        )
+        for setting in restart:
+            log.warning(
+                "reload.needs_restart",
+                setting=setting,
+                note="changed in the file but not applied: restart watchd to use it",
+            )
+        status = self.status_line()
+        if restart:
+            status += f"; restart needed for {', '.join(restart)}"
+        self.notifier.notify(READY="1", STATUS=status)
         return True
+
+    def _make_sweeper(self, config: Config) -> Sweeper | None:
+        if not config.sweep.enabled:
+            return None
+        return Sweeper(
+            config=config.sweep,
+            store=self.store,
+            health=self.health,
+            clients=lambda n: self.watchers[n].client if n in self.watchers else None,
+            db=self.db,
+            sink=lambda: self.detector.sink,
+            audit_path=state_dir(config) / "sweep-audit.jsonl",
+            labels=lambda n: next((i.labels for i in self.config.identities if i.name == n), {}),
+        )
+
+    async def _restart_sweeper(self) -> None:
+        """Sweep settings changed: a new sweeper (its counts and audit trail carried over)."""
+        await self.supervisor.stop("sweep")
+        old = self.sweeper
+        self.sweeper = self._make_sweeper(self.config)
+        if self.sweeper is not None:
+            if old is not None:
+                self.sweeper.counts.update(old.counts)
+                self.sweeper.recent.extend(old.recent)
+            self.supervisor.spawn("sweep", self.sweeper.run, group="watchers", restart=True)
 
     async def remove_identity(self, name: str, *, forget: bool) -> None:
         await self.supervisor.stop(f"watch:{name}")

@@ -88,6 +88,7 @@ def status_document(d: Daemon) -> dict[str, Any]:
             "counts": dict(d.sweeper.counts),
             "recent": list(d.sweeper.recent)[-50:],
         },
+        "reload": {**d.reloads, "last": d.last_reload},
         "counters": dict(det.counters),
         "store": {
             "chats": len(d.store),
