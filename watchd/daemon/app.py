@@ -55,7 +55,12 @@ from watchd.store.chats import ChatStore
 from watchd.store.persistence import StateDB
 from watchd.sweeping import Sweeper
 from watchd.telemetry.events import EventSink, EventSource, NullSink, own_source
-from watchd.telemetry.export import SpanExport, build_exporter
+from watchd.telemetry.export import (
+    SpanExport,
+    build_exporter,
+    effective_otlp,
+    printable_endpoint,
+)
 from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline
 from watchd.telemetry.spans import SpanConverter
@@ -84,7 +89,17 @@ def build_telemetry(config: Config) -> SpanPipeline:
             schedule_delay=t.schedule_delay,
             batch_size=t.batch_size,
         )
-    log.info("telemetry.configured", exporter=kind, protocol=t.protocol)
+    if kind == "otlp":
+        protocol, endpoint = effective_otlp(protocol=t.protocol, endpoint=t.endpoint)
+        log.info(
+            "telemetry.configured",
+            exporter=kind,
+            protocol=protocol,
+            endpoint=printable_endpoint(endpoint),
+            service_name=own_source("").service,
+        )
+    else:
+        log.info("telemetry.configured", exporter=kind)
     return SpanPipeline(
         converter=SpanConverter(horizon_ms=int(t.pair_horizon * 1000), max_open=t.max_open_pairs),
         export=export,
