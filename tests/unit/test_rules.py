@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from watchd.daemon import status
+from watchd.daemon import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def exported_families() -> set[str]:
-    source = Path(status.__file__).read_text()
+    source = Path(metrics.__file__).read_text()
     return set(re.findall(r'"(watchd_[a-z_]+)"', source))
 
 

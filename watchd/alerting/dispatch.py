@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from watchd import logs
@@ -114,6 +114,8 @@ class Dispatcher:
         self.muted = {"silenced": 0, "inhibited": 0}
         self.group_overflow = 0
         self._closing = False
+        # Told (receiver, seconds from first attempt to acceptance) after each delivery.
+        self.on_delivered: Callable[[str, float], None] | None = None
 
     # -- intake ---------------------------------------------------------------------
 
@@ -211,6 +213,7 @@ class Dispatcher:
             else min(MAX_FLUSH, max(5.0, group.route.group_interval))
         )
         backoff = Backoff(base=1.0, cap=30.0)
+        first_attempt = loop.time()
         while True:
             await self.limiters[receiver].acquire()
             try:
@@ -245,6 +248,8 @@ class Dispatcher:
             break
         stats.sent += 1
         stats.last_success = self.wall.now()
+        if self.on_delivered is not None:
+            self.on_delivered(receiver, loop.time() - first_attempt)
         # In a worker thread: it may wait for the state flusher's commit.
         await asyncio.to_thread(
             self.db.nflog_put,

@@ -16,6 +16,7 @@ import os
 import random
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -35,6 +36,7 @@ from watchd.alerting.silencing import (
 )
 from watchd.clock import ServerClock
 from watchd.coder.client import CoderClient
+from watchd.coder.models import Chat
 from watchd.coder.transport import RateLimiter, Transport
 from watchd.config import (
     Config,
@@ -45,13 +47,15 @@ from watchd.config import (
     resolve_secrets,
 )
 from watchd.daemon import reloading
+from watchd.daemon.metrics import Metrics
 from watchd.daemon.notify import SdNotifier
 from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir
 from watchd.daemon.server import Server
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
+from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth
-from watchd.store.chats import ChatStore
+from watchd.store.chats import ChatRecord, ChatStore
 from watchd.store.persistence import StateDB
 from watchd.sweeping import Sweeper
 from watchd.telemetry.events import EventSink, EventSource, NullSink, own_source
@@ -105,6 +109,27 @@ def build_telemetry(config: Config) -> SpanPipeline:
         export=export,
         queue_size=t.ingest_queue,
     )
+
+
+class TimedConfirmer:
+    """The watcher as the detector's Confirmer, timing each confirmation read."""
+
+    def __init__(self, watcher: IdentityWatcher, observe: Callable[[float], None]) -> None:
+        self.watcher = watcher
+        self.observe = observe
+
+    async def get_chat(self, chat_id: str) -> Chat:
+        t0 = time.monotonic()
+        try:
+            return await self.watcher.get_chat(chat_id)
+        finally:
+            self.observe(time.monotonic() - t0)
+
+    async def relist(self) -> None:
+        await self.watcher.relist()
+
+    async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
+        return await self.watcher.facts(record, lookup=lookup)
 
 
 class _Pending:
@@ -181,6 +206,7 @@ class Daemon:
         self.watchers: dict[str, IdentityWatcher] = {}
         self.file_sources: list[FileSource] = []
         self.sweeper: Sweeper | None = self._make_sweeper(config)
+        self.metrics = Metrics(self)
         self.server = Server(self, listen=config.server.listen)
         self._session: aiohttp.ClientSession | None = None
         self._gate = asyncio.Semaphore(CONCURRENT_LISTINGS)
@@ -237,6 +263,8 @@ class Daemon:
                     inhibitor=self.inhibitor,
                     external_url=self.config.server.external_url,
                 )
+                self.dispatcher.on_delivered = self._delivered
+                self.metrics.receivers(list(self.dispatcher.notifiers))
                 restored = self.dispatcher.restore()
                 self.detector.sink = self.dispatcher
                 sup.spawn("dispatch-housekeeping", self.dispatcher.run, group="core", root=True)
@@ -369,6 +397,7 @@ class Daemon:
         self.config, self.secrets = config, secrets
         for name in removed:
             await self.remove_identity(name, forget=True)
+            self.metrics.identity_removed(name)
         for name in changed:
             # Same deployment: keep the chats' clocks and firing alerts; only restart.
             await self.remove_identity(name, forget=old[name].url != new[name].url)
@@ -392,6 +421,7 @@ class Daemon:
                 notifiers=build_all(config, secrets, self._session, stdout=self.stdout),
             )
             self.dispatcher.external_url = config.server.external_url
+            self.metrics.receivers(list(self.dispatcher.notifiers))
         applied = [p for p in paths if p not in restart]
         self.reloads["applied"] += 1
         self.last_reload = {
@@ -460,11 +490,13 @@ class Daemon:
         assert self._session is not None
         name = ident.name
         clock = ServerClock()
+        self.metrics.identity_added(name)
         health = IdentityHealth(
             name=name,
             deployment=ident.url,
             server_clock=clock,
             unhealthy_after=ident.unhealthy_after,
+            on_listing=self.metrics.listing.labels(name).observe,
         )
         transport = Transport(
             base_url=ident.url,
@@ -492,7 +524,10 @@ class Daemon:
         self.health[name] = health
         self.watchers[name] = watcher
         self.detector.register(
-            health, confirmer=watcher, budgets=self.config.budgets_for(ident), labels=ident.labels
+            health,
+            confirmer=TimedConfirmer(watcher, self.metrics.confirmation.labels(name).observe),
+            budgets=self.config.budgets_for(ident),
+            labels=ident.labels,
         )
         self.supervisor.spawn(
             f"watch:{name}", watcher.watch_forever, group="watchers", restart=True
@@ -509,6 +544,9 @@ class Daemon:
                 labels=dict(ident.labels),
             )
             self.supervisor.spawn(f"quota:{name}", quota.run, group="watchers", restart=True)
+
+    def _delivered(self, receiver: str, seconds: float) -> None:
+        self.metrics.notification.labels(receiver).observe(seconds)
 
     @staticmethod
     def _reread_token(ident: IdentityConfig) -> str:

@@ -16,7 +16,8 @@ from aiohttp import web
 
 from watchd.alerting.silencing import Silence, new_id
 from watchd.config import parse_duration
-from watchd.daemon.status import metrics_text, status_document, status_html
+from watchd.daemon.metrics import CONTENT_TYPE
+from watchd.daemon.status import status_document, status_html
 from watchd.matchers import MatcherError, parse_matchers
 from watchd.telemetry.ingest import IngestError, parse_batch
 
@@ -105,10 +106,8 @@ class Server:
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(
-            text=metrics_text(self.daemon),
-            content_type="text/plain",
-            charset="utf-8",
-            headers={"X-Content-Type-Options": "nosniff"},
+            body=self.daemon.metrics.render(),
+            headers={"Content-Type": CONTENT_TYPE, "X-Content-Type-Options": "nosniff"},
         )
 
     # -- runtime silences -------------------------------------------------------------
