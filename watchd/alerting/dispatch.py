@@ -48,7 +48,10 @@ class ReceiverStats:
     dropped: int = 0
     last_error: str = ""
     last_success: float | None = None
+    last_failure: float | None = None
     permanent_failures: int = 0
+    # Group keys whose last flush failed transiently: retried on their next flush.
+    retrying: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -174,6 +177,8 @@ class Dispatcher:
             await self.flush(group)
             if not group.alerts:
                 self.groups.pop((group.route.receiver, group.key), None)
+                if group.route.receiver in self.stats:
+                    self.stats[group.route.receiver].retrying.discard(group.key)
                 return
             await asyncio.sleep(group.route.group_interval)
 
@@ -220,7 +225,9 @@ class Dispatcher:
                 await notifier.notify(notification)
             except NotifyError as exc:
                 stats.last_error = str(exc)
+                stats.last_failure = self.wall.now()
                 if not exc.retryable:
+                    stats.retrying.discard(group.key)
                     stats.failed += 1
                     stats.permanent_failures += 1
                     log.error(
@@ -230,6 +237,7 @@ class Dispatcher:
                         note="permanent failure: fix the receiver's configuration",
                     )
                     return False
+                stats.retrying.add(group.key)  # until a send of this group succeeds
                 delay = backoff.next()
                 if exc.retry_after is not None:
                     delay = max(delay, exc.retry_after)
@@ -247,6 +255,7 @@ class Dispatcher:
                 continue
             break
         stats.sent += 1
+        stats.retrying.discard(group.key)
         stats.last_success = self.wall.now()
         if self.on_delivered is not None:
             self.on_delivered(receiver, loop.time() - first_attempt)

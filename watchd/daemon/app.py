@@ -51,6 +51,7 @@ from watchd.daemon.metrics import Metrics
 from watchd.daemon.notify import SdNotifier
 from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir
 from watchd.daemon.server import Server
+from watchd.daemon.status import HISTORY_EVERY, ChatHistory
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
@@ -207,6 +208,7 @@ class Daemon:
         self.file_sources: list[FileSource] = []
         self.sweeper: Sweeper | None = self._make_sweeper(config)
         self.metrics = Metrics(self)
+        self.history = ChatHistory()
         self.server = Server(self, listen=config.server.listen)
         self._session: aiohttp.ClientSession | None = None
         self._gate = asyncio.Semaphore(CONCURRENT_LISTINGS)
@@ -275,6 +277,7 @@ class Daemon:
                 raise StartupError(bind_problem(self.config.server.listen, exc)) from None
             log.info("server.listening", listen=bound)
             sup.spawn("heartbeat", self._heartbeat, group="core", root=True)
+            sup.spawn("status-history", self._sample_history, group="core", root=True)
             sup.spawn("detector", self.detector.run, group="core", root=True)
             sup.spawn("state-flusher", self._flush_forever, group="core", root=True)
             sup.spawn("systemd-notify", self._systemd, group="core", root=True)
@@ -563,6 +566,12 @@ class Daemon:
         while True:
             self.last_beat = time.monotonic()
             await asyncio.sleep(1.0)
+
+    async def _sample_history(self) -> None:
+        """Chats by status per identity for the status page's last-hour chart."""
+        while True:
+            self.history.sample(self, time.time())
+            await asyncio.sleep(HISTORY_EVERY)
 
     async def _flush_forever(self) -> None:
         while True:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from watchd.daemon.app import Daemon
 
 # `_created` gauges per histogram child are noise for scrapers of the 0.0.4 text format.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STATUSES = sorted(ACTIVE_STATUSES | BLOCKED_STATUSES | IDLE_STATUSES)
