@@ -102,7 +102,8 @@ async def test_run_with_unusable_state_dir_is_one_line_exit_2(
     r = watchd("run", "-c", str(d.config_path))
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        f"watchd: cannot start: state_dir: cannot create {blocker / 'state'} (Not a directory)"
+        f"watchd: cannot start: state_dir: cannot create {blocker / 'state'} "
+        f"({blocker} is not a directory)"
     ]
     check = watchd("check-config", "-c", str(d.config_path))
     assert check.returncode == 2 and "state_dir: cannot create" in check.stderr

@@ -82,3 +82,18 @@ def test_scan_exit_code_rules() -> None:
     assert exit_code([stuck, failed]) == 1
     assert exit_code([ok, failed]) == 0
     assert exit_code([failed]) == 2
+
+
+def test_state_dir_check_has_no_side_effects(tmp_path: Path) -> None:
+    """check-config's state_dir probe reports a creatable directory without creating it,
+    and names a path under a regular file."""
+    from watchd.daemon.preflight import check_state_dir
+
+    target = tmp_path / "a" / "b"
+    assert check_state_dir(target) is None and not (tmp_path / "a").exists()
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert check_state_dir(blocker / "state") == (
+        f"state_dir: cannot create {blocker / 'state'} ({blocker} is not a directory)"
+    )
+    assert check_state_dir(blocker) == f"state_dir: {blocker} is not a directory"

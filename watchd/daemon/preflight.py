@@ -26,11 +26,17 @@ class StartupError(Exception):
 
 
 def check_state_dir(path: Path, *, setting: str = "state_dir") -> str | None:
-    """None when the directory exists (or can be made) and a file can be written in it."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"{setting}: cannot create {path} ({exc.strerror or type(exc).__name__})"
+    """None when the directory is writable, or could be created (without creating it:
+    ``check-config`` has no side effects; ``run`` creates it)."""
+    if not path.exists():
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            return f"{setting}: cannot create {path} ({parent} is not a directory)"
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return f"{setting}: cannot create {path} ({parent} is not writable by this user)"
+        return None
     if not path.is_dir():
         return f"{setting}: {path} is not a directory"
     try:
