@@ -410,7 +410,7 @@ class SweepPolicy(Strict):
     older_than: Annotated[
         float,
         BeforeValidator(parse_duration),
-        _floor(60.0, "sweeping younger chats is a hair trigger"),
+        _floor(1.0, "a policy acts on time in status"),
     ]
     # interrupt: stop the run; archive: archive idle chats; interrupt_then_archive: both,
     # archiving only once the chat settled (waiting/error).
