@@ -161,7 +161,7 @@ class DaemonProcess:
                 "pending": "3s",
                 "default": "3s",
             },
-            "reconcile_interval": "2s",
+            "reconcile_interval": "5s",  # the configured floor
             "server": {"listen": self.listen},
             "state_dir": str(state_dir or tmp / "state"),
         }

@@ -25,7 +25,7 @@ from typing import Protocol
 import structlog
 
 from watchd import logs
-from watchd.alerting.model import Alert, AlertSink, fingerprint
+from watchd.alerting.model import Alert, AlertSink, fingerprint, resolution
 from watchd.clock import SystemClock, WallClock
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES, Chat
@@ -222,7 +222,7 @@ class Detector:
                 )
                 if db is not None:
                     db.mark_deleted(identity, rec.chat_id)
-                self._resolve_chat(rec, why=f"chat {change.reason}")
+                self._resolve_chat(rec, why=_GONE.get(change.reason, f"chat {change.reason}"))
                 continue
             if db is not None:
                 db.mark(rec)
@@ -694,13 +694,17 @@ class Detector:
                     "status": h.state,
                 }
             )
+            down_for = h.unhealthy_for(loop_now)
             alert = Alert(
                 fingerprint=fp,
                 labels=labels,
                 starts_at=self.wall.now(),
                 annotations={
                     "summary": f"Identity {name} cannot watch its chats ({h.state}) for "
-                    f"{format_duration(h.unhealthy_for(loop_now))}",
+                    f"{format_duration(down_for)}",
+                    # Lets renderers keep "for …" live (alerting.model.live).
+                    "time_in_status": format_duration(down_for),
+                    "time_in_status_seconds": f"{down_for:.0f}",
                     "last_error": h.last_error or "(none)",
                     "hint": _identity_hint(h),
                     "effect": "no ChatStuck verdicts for this identity until it recovers",
@@ -787,7 +791,7 @@ class Detector:
                 fps.discard(fp)
                 if not fps:
                     del self._by_chat[key]
-        resolved = alert.resolved(at)
+        resolved = resolution(alert, at=at, why=why)
         if self.db is not None:
             self.db.delete_alert(fp)
         self.counters["resolved"] += 1
@@ -801,6 +805,14 @@ class Detector:
             reason=why,
         )
         self.sink.put(resolved)
+
+
+# Why a tombstoned chat's alert resolved, in the words of its resolve notification.
+_GONE = {
+    "archived": "chat archived",
+    "deleted": "chat gone (deleted)",
+    "vanished": "chat gone (archived or deleted: absent from a complete listing)",
+}
 
 
 def _identity_hint(h: IdentityHealth) -> str:

@@ -8,6 +8,7 @@ and metrics show it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from watchd.clock import ServerClock
@@ -28,7 +29,6 @@ class IdentityHealth:
     last_error: str = ""
     last_list_ok: float | None = None  # server time of the last complete listing
     last_list_chats: int = 0
-    last_list_seconds: float | None = None  # how long the last listing took
     last_list_pages: int = 0
     # Listings that could not prove they covered everything (nothing inferred from them).
     incomplete_listings: int = 0
@@ -48,6 +48,21 @@ class IdentityHealth:
     quota_state: str = "unknown"  # ok | unlimited | unavailable | error | unknown
     quota_checked: float | None = None  # monotonic
     quota_error: str = ""
+
+    # Told each complete listing's duration (the daemon's histogram); not compared or shown.
+    on_listing: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
+    _last_list_seconds: float | None = field(default=None, repr=False)
+
+    @property
+    def last_list_seconds(self) -> float | None:
+        """How long the last complete listing took."""
+        return self._last_list_seconds
+
+    @last_list_seconds.setter
+    def last_list_seconds(self, seconds: float | None) -> None:
+        self._last_list_seconds = seconds
+        if seconds is not None and self.on_listing is not None:
+            self.on_listing(seconds)
 
     def set_state(self, state: str, *, error: str = "") -> None:
         was_ready = self.ready

@@ -31,8 +31,10 @@ class EventSource:
 
 def own_source(identity: str) -> EventSource:
     """The source for watchd's own traffic on behalf of one identity."""
+    # OTEL_SERVICE_NAME names watchd's own service, as for any OpenTelemetry SDK user.
+    service = os.environ.get("OTEL_SERVICE_NAME", "").strip() or "watchd"
     return EventSource(
-        service="watchd", instance=f"{socket.gethostname()}:{os.getpid()}", agent=identity
+        service=service, instance=f"{socket.gethostname()}:{os.getpid()}", agent=identity
     )
 
 
