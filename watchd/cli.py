@@ -27,6 +27,7 @@ from watchd.config import (
     load_config,
     resolve_secrets,
 )
+from watchd.secrets import REGISTRY
 
 # SIGTERM must end the process well inside Kubernetes' and systemd's grace period;
 # if the ordered shutdown hangs past this, the process exits hard.
@@ -126,10 +127,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
     # identity whose token is unavailable is reported while the others are scanned.
     secrets = resolve_secrets(config, receivers=(), server=False, strict=False)
     results = asyncio.run(scanning.scan(config, secrets))
+    # Last line of defence: whatever a server echoed (a token in an error) is scrubbed.
     if args.json:
-        print(json.dumps({"results": [asdict(r) for r in results]}, indent=1))
+        print(REGISTRY.scrub(json.dumps({"results": [asdict(r) for r in results]}, indent=1)))
     else:
-        print(scanning.render(results))
+        print(REGISTRY.scrub(scanning.render(results)))
     return scanning.exit_code(results)
 
 

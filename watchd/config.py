@@ -506,6 +506,40 @@ class TelemetryConfig(Strict):
         return "otlp" if (self.endpoint or has_env) else "none"
 
 
+class HeartbeatConfig(Strict):
+    """A dead man's switch: silence from a monitor reads as "all is well", so watchd says
+    "I am alive and seeing" every ``interval`` — and only while that is true: the loop
+    responsive, every identity ready or already alerted (IdentityUnhealthy), state
+    persisting. Off unless ``receivers`` or a ping URL is given."""
+
+    # Dead man's switch services expect a beat every minute or so; they alert after a
+    # few missed ones (configure their grace at 2-3 intervals).
+    interval: Annotated[float, BeforeValidator(parse_duration), _floor(1.0, _TICK)] = 60.0
+    # Receivers that get the always-firing `Watchdog` alert directly every interval
+    # (Prometheus' convention: an Alertmanager route to a DMS, a webhook to a heartbeat
+    # integration). Sent outside aggregation groups: a group would repeat it by itself.
+    receivers: list[str] = Field(default_factory=list)
+    # A push-style ping (healthchecks.io, Uptime Kuma): a GET every interval. Such URLs
+    # carry their check's key, so the URL is a secret reference.
+    ping_url_file: str | None = None
+    ping_url_env: str | None = None
+    ping_url_credential: str | None = None
+    timeout: Timeout = 10.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(
+            self.receivers or self.ping_url_file or self.ping_url_env or self.ping_url_credential
+        )
+
+    @model_validator(mode="after")
+    def _one_url(self) -> HeartbeatConfig:
+        refs = [self.ping_url_file, self.ping_url_env, self.ping_url_credential]
+        if sum(1 for r in refs if r) > 1:
+            raise ValueError("give at most one of ping_url_file, ping_url_env, ping_url_credential")
+        return self
+
+
 class Config(Strict):
     identities: list[IdentityConfig]
     budgets: Budgets = Field(default_factory=Budgets)
@@ -527,6 +561,7 @@ class Config(Strict):
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     quota: QuotaConfig = Field(default_factory=QuotaConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
+    heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     state_dir: str = "/var/lib/watchd"
     # The link in alerts; the Coder UI shows a chat at {deployment}/agents/{chat_id}.
     chat_link_template: str = "{deployment}/agents/{chat_id}"
@@ -546,6 +581,9 @@ class Config(Strict):
         if self.route.receiver is None:
             raise ValueError("route.receiver: the root route needs a receiver")
         self._check_route(self.route, set(receivers), "route")
+        unknown = sorted(set(self.heartbeat.receivers) - set(receivers))
+        if unknown:
+            raise ValueError(f"heartbeat.receivers: no receiver named {', '.join(unknown)}")
         return self
 
     def _check_route(self, route: RouteConfig, known: set[str], path: str) -> None:
@@ -673,6 +711,7 @@ class ResolvedSecrets(BaseModel):
     receiver_hmac: dict[str, SecretStr]
     ingest_token: SecretStr | None
     admin_token: SecretStr | None = None
+    heartbeat_url: SecretStr | None = None
     problems: tuple[str, ...] = ()
 
 
@@ -773,6 +812,22 @@ def resolve_secrets(
             ingest = SecretStr(v)
     if server and (srv.admin_token_file or srv.admin_token_env or srv.admin_token_credential):
         admin = resolve_admin_token(config, problems)
+    beat = None
+    hb = config.heartbeat
+    if server and (hb.ping_url_file or hb.ping_url_env or hb.ping_url_credential):
+        v = take(
+            "heartbeat.ping_url",
+            file=hb.ping_url_file,
+            env=hb.ping_url_env,
+            cred=hb.ping_url_credential,
+        )
+        if v is not None:
+            try:
+                _http_url(v)
+            except ValueError:
+                problems.append("heartbeat.ping_url: the referenced value is not an http(s) URL")
+            else:
+                beat = SecretStr(v)
     if problems and strict:
         raise ConfigError(problems)
     return ResolvedSecrets(
@@ -781,6 +836,7 @@ def resolve_secrets(
         receiver_hmac=hmac,
         ingest_token=ingest,
         admin_token=admin,
+        heartbeat_url=beat,
         problems=tuple(problems),
     )
 

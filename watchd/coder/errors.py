@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from watchd.secrets import REGISTRY
+
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 MEANINGS: dict[int, str] = {
@@ -130,6 +132,9 @@ def error_from_body(
         message = body.strip()[:300]
     if not message:
         message = MEANINGS.get(status, "unexpected status")
+    # A server may echo the request's token in its error text: it stops here, before the
+    # message reaches logs, /status, alerts or scan output.
+    message, detail = REGISTRY.scrub(message), REGISTRY.scrub(detail)
     return CoderError(
         status=status,
         message=message,

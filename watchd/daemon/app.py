@@ -25,7 +25,7 @@ import aiohttp
 from watchd import __version__, logs
 from watchd.alerting import routing
 from watchd.alerting.dispatch import Dispatcher
-from watchd.alerting.model import Alert, AlertSink
+from watchd.alerting.model import Alert, AlertSink, fingerprint
 from watchd.alerting.receivers.build import build_all
 from watchd.alerting.silencing import (
     Inhibitor,
@@ -47,16 +47,19 @@ from watchd.config import (
     resolve_secrets,
 )
 from watchd.daemon import reloading
+from watchd.daemon.heartbeat import Heartbeat
 from watchd.daemon.metrics import Metrics
 from watchd.daemon.notify import SdNotifier
 from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir
 from watchd.daemon.server import Server
+from watchd.daemon.statewatch import StateWatch
 from watchd.daemon.status import HISTORY_EVERY, ChatHistory
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth
 from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.lock import StateInUse, StateLock
 from watchd.store.persistence import StateDB
 from watchd.sweeping import Sweeper
 from watchd.telemetry.events import EventSink, EventSource, NullSink, own_source
@@ -176,8 +179,15 @@ class Daemon:
         self.settings = settings or WatchSettings(reconcile_interval=config.reconcile_interval)
         self.last_reload: dict[str, Any] | None = None
         try:
-            self.db = StateDB(state_dir(config) / "watchd.sqlite3")
+            self.state_lock = StateLock.acquire(state_dir(config))
+        except StateInUse as exc:
+            raise StartupError(f"state_dir: {exc}") from None
+        except OSError as exc:
+            raise StartupError(f"state_dir: cannot lock {state_dir(config)} ({exc})") from None
+        try:
+            self.db = StateDB.open(state_dir(config) / "watchd.sqlite3")
         except (OSError, sqlite3.Error) as exc:
+            self.state_lock.release()
             raise StartupError(
                 f"state_dir: cannot open {state_dir(config) / 'watchd.sqlite3'} ({exc})"
             ) from None
@@ -191,6 +201,9 @@ class Daemon:
             chat_failed=config.detection.chat_failed,
             link_template=config.chat_link_template,
         )
+        self.state_watch = StateWatch(
+            db=self.db, detector=self.detector, state_dir=str(state_dir(config))
+        )
         self._sink_override = sink
         self.stdout = stdout
         self.route = routing.build(config.route)
@@ -203,6 +216,7 @@ class Daemon:
         )
         self.inhibitor = Inhibitor(config.inhibit_rules)
         self.dispatcher: Dispatcher | None = None
+        self.deadman: Heartbeat | None = None
         self.health: dict[str, IdentityHealth] = {}
         self.watchers: dict[str, IdentityWatcher] = {}
         self.file_sources: list[FileSource] = []
@@ -277,9 +291,20 @@ class Daemon:
                 raise StartupError(bind_problem(self.config.server.listen, exc)) from None
             log.info("server.listening", listen=bound)
             sup.spawn("heartbeat", self._heartbeat, group="core", root=True)
+            if self.config.heartbeat.enabled:
+                url = self.secrets.heartbeat_url
+                self.deadman = Heartbeat(
+                    config=self.config.heartbeat,
+                    url=url.get_secret_value() if url is not None else None,
+                    notifiers=self.dispatcher.notifiers if self.dispatcher is not None else {},
+                    session=self._session,
+                    healthy=self.alive_and_seeing,
+                )
+                sup.spawn("deadman-switch", self.deadman.run, group="core", restart=True)
             sup.spawn("status-history", self._sample_history, group="core", root=True)
             sup.spawn("detector", self.detector.run, group="core", root=True)
-            sup.spawn("state-flusher", self._flush_forever, group="core", root=True)
+            self.state_watch.start()
+            sup.spawn("state-flusher", self.state_watch.run, group="core", root=True)
             sup.spawn("systemd-notify", self._systemd, group="core", root=True)
             sup.spawn("spans", self.telemetry.run, group="core", root=True)
             if self.sweeper is not None:
@@ -323,6 +348,21 @@ class Daemon:
 
     def progressing(self) -> bool:
         return time.monotonic() - self.last_beat < 5.0 and not self.supervisor.dead_roots()
+
+    def alive_and_seeing(self) -> str | None:
+        """None when the dead man's switch may say "alive": the loop makes progress, no
+        root task died, every identity is ready or its IdentityUnhealthy is firing, and
+        state persists. Otherwise why not."""
+        if not self.progressing():
+            return "the event loop or a root task is not making progress"
+        for name, h in self.health.items():
+            if h.ready:
+                continue
+            if fingerprint(h.deployment, name, "IdentityUnhealthy") not in self.detector.firing:
+                return f"identity {name} is {h.state} and not yet alerted"
+        if not self.db.persisting:
+            return "state is not persisting"
+        return None
 
     async def _systemd(self) -> None:
         """READY=1 once settled, STATUS= on change, WATCHDOG=1 while the loop progresses."""
@@ -574,11 +614,6 @@ class Daemon:
             self.history.sample(self, time.time())
             await asyncio.sleep(HISTORY_EVERY)
 
-    async def _flush_forever(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            await self.db.flush_async()
-
     async def shutdown(self) -> None:
         """Ordered, deadline-bound: intake, watchers, core, state, sessions."""
         t0 = time.monotonic()
@@ -596,7 +631,9 @@ class Daemon:
             await self.dispatcher.close(deadline=STOP_DEADLINES["flush"])
         with contextlib.suppress(Exception):
             await self.telemetry.close(deadline=STOP_DEADLINES["spans"])
-        self.db.close()
+        with contextlib.suppress(sqlite3.Error, OSError):
+            self.db.close()
+        self.state_lock.release()
         if self._session is not None:
             await self._session.close()
         log.info("daemon.stopped", seconds=round(time.monotonic() - t0, 2), hung=hung)

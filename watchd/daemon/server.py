@@ -19,6 +19,7 @@ from watchd.config import parse_duration
 from watchd.daemon.metrics import CONTENT_TYPE
 from watchd.daemon.status import StatusQuery, status_document, status_html
 from watchd.matchers import MatcherError, parse_matchers
+from watchd.secrets import REGISTRY
 from watchd.telemetry.ingest import IngestError, parse_batch
 
 if TYPE_CHECKING:
@@ -101,9 +102,12 @@ class Server:
         )
         query = StatusQuery.from_query(request.query, html_page=wants_html)
         doc = await status_document(self.daemon, query)
+        # Last line of defence: nothing a server echoed (a token) leaves through /status.
         if wants_html:
-            return web.Response(text=status_html(doc), content_type="text/html")
-        return web.Response(text=json.dumps(doc, indent=1), content_type="application/json")
+            return web.Response(text=REGISTRY.scrub(status_html(doc)), content_type="text/html")
+        return web.Response(
+            text=REGISTRY.scrub(json.dumps(doc, indent=1)), content_type="application/json"
+        )
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(

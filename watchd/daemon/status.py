@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from watchd.alerting.model import Alert, live
+from watchd.alerting.receivers.base import READ_CAPS
 from watchd.config import format_duration
 
 if TYPE_CHECKING:
@@ -148,6 +149,18 @@ async def classify(d: Daemon, now: float) -> list[tuple[Alert, str]]:
     return out
 
 
+def read_caps(d: Daemon) -> dict[str, int]:
+    """Every bounded read that hit its bound, summed over identities."""
+    transports = [w.client.transport for w in d.watchers.values()]
+    return {
+        "coder_bodies_cut": sum(t.oversize for t in transports),
+        "watch_handshake_timeouts": sum(t.handshake_timeouts for t in transports),
+        "incomplete_listings": sum(h.incomplete_listings for h in d.health.values()),
+        "event_buffer_overflows": sum(h.overflow for h in d.health.values()),
+        "receiver_answers_cut": READ_CAPS["receiver_answers"],
+    }
+
+
 async def status_document(d: Daemon, query: StatusQuery | None = None) -> dict[str, Any]:
     q = query or StatusQuery()
     now = time.time()
@@ -220,6 +233,27 @@ async def status_document(d: Daemon, query: StatusQuery | None = None) -> dict[s
             "stale_ignored": d.store.stale_ignored,
             "synthesized": d.store.synthesized,
             "overflow": d.store.overflow,
+            "future_clamped": sum(d.store.future_clamped.values()),
+            "before_created": sum(d.store.before_created.values()),
+        },
+        "state": {
+            "persisting": d.db.persisting,
+            "failing_since": d.db.failing_since,
+            "write_failures": d.db.write_failures,
+            "last_write_error": d.db.last_write_error,
+            "pending": d.db.pending,
+            "reset_from": str(d.db.reset_from[0]) if d.db.reset_from else None,
+        },
+        "limits": read_caps(d),
+        "heartbeat": None
+        if d.deadman is None
+        else {
+            "interval_seconds": d.deadman.config.interval,
+            "sent": d.deadman.sent,
+            "failed": d.deadman.failed,
+            "withheld": d.deadman.withheld,
+            "withheld_because": d.deadman.withheld_because,
+            "last_sent": d.deadman.last_sent,
         },
         # Sampled every HISTORY_EVERY, plus this moment: the chart always ends at "now".
         "history": {

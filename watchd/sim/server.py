@@ -153,6 +153,10 @@ class SimServer:
             for k, v in rate_headers.items():
                 response.headers.setdefault(k, v)
         except SimError as exc:
+            if state.faults.echo_token:
+                token = request.headers.get("Coder-Session-Token", "")
+                exc.body["message"] = f"{exc.body['message']} (token {token})"
+                exc.body["detail"] = f"request carried Coder-Session-Token: {token}"
             response = _error(exc)
         except web.HTTPException as exc:
             response = _json(exc.status, {"message": exc.reason})

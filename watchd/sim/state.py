@@ -128,6 +128,9 @@ class Faults:
     # once; the rest stay `running`, unowned, queued_for_capacity, without progress.
     capacity_roots: int | None = None
     capacity_children: int | None = None
+    # Every error body quotes the request's token (a proxy or a debug build that echoes
+    # the request): the client must keep it out of everything it shows.
+    echo_token: bool = False
 
 
 @dataclass(eq=False)

@@ -18,6 +18,7 @@ import orjson
 from watchd import logs
 from watchd.alerting.model import Alert
 from watchd.coder.backoff import retry_hint
+from watchd.secrets import REGISTRY
 
 log = logs.get("watchd.alerting")
 
@@ -165,7 +166,8 @@ def classify_http(
     """Generic classification: 2xx ok; 408/425/429/5xx retryable; other 4xx permanent."""
     if answer.status in ok:
         return
-    snippet = answer.text.strip().replace("\n", " ")[:200]
+    # A provider may quote the request (part of a webhook URL, a key): scrub it.
+    snippet = REGISTRY.scrub(answer.text.strip().replace("\n", " ")[:200])
     retryable = answer.status in (408, 425, 429) or answer.status >= 500
     raise NotifyError(
         f"{who}: HTTP {answer.status}: {snippet}",
