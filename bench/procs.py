@@ -109,7 +109,13 @@ def _profile(pid: int) -> subprocess.Popen[bytes] | None:
 
 
 class Daemon:
-    def __init__(self, sim: Sim, *, extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        sim: Sim,
+        *,
+        extra: dict[str, Any] | None = None,
+        identity_extra: dict[str, Any] | None = None,
+    ) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="watchd-bench-"))
         self.listen = f"127.0.0.1:{free_port()}"
         idents = []
@@ -123,6 +129,7 @@ class Daemon:
                     "url": sim.url,
                     "token_file": str(token),
                     "requests_per_minute": 6000,
+                    **(identity_extra or {}),
                 }
             )
         config: dict[str, Any] = {

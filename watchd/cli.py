@@ -1,6 +1,6 @@
 """The ``watchd`` command: run, check-config, scan, demo, sim.
 
-Exit codes follow ``spec/interface.md``: 2 for invalid configuration (one
+Exit codes follow README's command table: 2 for invalid configuration (one
 problem per line, naming its field path), 0 after a clean shutdown.
 """
 
@@ -27,6 +27,7 @@ from watchd.config import (
     load_config,
     resolve_secrets,
 )
+from watchd.secrets import REGISTRY
 
 # SIGTERM must end the process well inside Kubernetes' and systemd's grace period;
 # if the ordered shutdown hangs past this, the process exits hard.
@@ -37,53 +38,100 @@ def _config_path(arg: str | None) -> str:
     return arg or os.environ.get("WATCHD_CONFIG") or DEFAULT_CONFIG_PATH
 
 
-def _load(path: str) -> tuple[Config, ResolvedSecrets]:
-    config = load_config(path)
-    return config, resolve_secrets(config)
-
-
-def _load_or_report(args: argparse.Namespace) -> tuple[Config, ResolvedSecrets] | None:
-    """The command's config and secrets, or None after printing every problem."""
+def _load_config_or_report(args: argparse.Namespace) -> Config | None:
+    """The command's config, or None after printing every problem."""
     try:
-        return _load(_config_path(args.config))
+        return load_config(_config_path(args.config))
     except ConfigError as exc:
-        _print_problems(exc)
+        _print_problems(exc.problems)
         return None
 
 
-def _print_problems(exc: ConfigError) -> None:
-    print("invalid configuration:", file=sys.stderr)
-    for p in exc.problems:
+def _load_or_report(args: argparse.Namespace) -> tuple[Config, ResolvedSecrets] | None:
+    """The config and every secret (what ``run`` needs), or None after printing problems."""
+    config = _load_config_or_report(args)
+    if config is None:
+        return None
+    try:
+        return config, resolve_secrets(config)
+    except ConfigError as exc:
+        _print_problems(exc.problems)
+        return None
+
+
+def _print_problems(problems: Sequence[str], header: str = "invalid configuration:") -> None:
+    print(header, file=sys.stderr)
+    for p in problems:
         print(f"  {p}", file=sys.stderr)
+
+
+def _preflight(config: Config) -> list[str]:
+    """What ``run`` would die on before doing anything: state_dir, the listen address."""
+    from watchd.daemon import preflight
+
+    problems = []
+    state = preflight.check_state_dir(preflight.effective_state_dir(config.state_dir))
+    if state:
+        problems.append(state)
+    listen = preflight.check_listen(config.server.listen)
+    if listen:
+        problems.append(listen)
+    return problems
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     path = _config_path(args.config)
-    loaded = _load_or_report(args)
-    if loaded is None:
+    config = _load_config_or_report(args)
+    if config is None:
         return 2
-    config, _ = loaded
-    print(f"{path}: valid")
-    print(f"identities: {', '.join(i.name for i in config.identities)}")
-    print(f"receivers: {', '.join(f'{r.name} ({r.kind})' for r in config.receivers)}")
-    print("route tree:")
-    for line in routing.describe(routing.build(config.route)):
-        print("  " + line)
-    return 0
+    # Every secret is tried and every problem listed; none stops the rest of the check.
+    secret_problems = list(resolve_secrets(config, strict=False).problems)
+    run_problems = _preflight(config)
+    tree = routing.describe(routing.build(config.route))
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "path": path,
+                    "valid": not (secret_problems or run_problems),
+                    "problems": secret_problems + run_problems,
+                    "identities": [i.name for i in config.identities],
+                    "receivers": [{"name": r.name, "kind": r.kind} for r in config.receivers],
+                    "route_tree": tree,
+                },
+                indent=1,
+            )
+        )
+    else:
+        verdict = "valid" if not (secret_problems or run_problems) else "parsed, with problems"
+        print(f"{path}: {verdict}")
+        print(f"identities: {', '.join(i.name for i in config.identities)}")
+        print(f"receivers: {', '.join(f'{r.name} ({r.kind})' for r in config.receivers)}")
+        print("route tree:")
+        for line in tree:
+            print("  " + line)
+    if secret_problems:
+        _print_problems(secret_problems, "unavailable secrets:")
+    if run_problems:
+        _print_problems(run_problems, "`watchd run` would fail:")
+    return 2 if secret_problems or run_problems else 0
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
     from watchd import scanning
 
-    loaded = _load_or_report(args)
-    if loaded is None:
+    config = _load_config_or_report(args)
+    if config is None:
         return 2
-    config, secrets = loaded
+    # Tokens only: a receiver's secret has nothing to do with listing chats, and an
+    # identity whose token is unavailable is reported while the others are scanned.
+    secrets = resolve_secrets(config, receivers=(), server=False, strict=False)
     results = asyncio.run(scanning.scan(config, secrets))
+    # Last line of defence: whatever a server echoed (a token in an error) is scrubbed.
     if args.json:
-        print(json.dumps({"results": [asdict(r) for r in results]}, indent=1))
+        print(REGISTRY.scrub(json.dumps({"results": [asdict(r) for r in results]}, indent=1)))
     else:
-        print(scanning.render(results))
+        print(REGISTRY.scrub(scanning.render(results)))
     return scanning.exit_code(results)
 
 
@@ -100,12 +148,18 @@ def _hard_exit_timer() -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from watchd.daemon.app import Daemon
+    from watchd.daemon.preflight import StartupError
 
     path = _config_path(args.config)
     loaded = _load_or_report(args)
     if loaded is None:
         return 2
     config, secrets = loaded
+    problems = _preflight(config)
+    if problems:
+        for p in problems:
+            print(f"watchd: cannot start: {p}", file=sys.stderr)
+        return 2
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -135,7 +189,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     # keep it out of the cyclic collector's full passes, which otherwise rescan it all.
     gc.collect()
     gc.freeze()
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except StartupError as exc:  # the same checks lost a race (e.g. the port got taken)
+        print(f"watchd: cannot start: {exc}", file=sys.stderr)
+        return 2
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -170,6 +228,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
             identities = SCENARIOS[args.scenario](state)
         server = SimServer(state)
         url = await server.start(host or "127.0.0.1", int(port or 0))
+        # Handlers before the announcement: whoever reads it may signal at once.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         print(
             json.dumps(
                 {
@@ -183,10 +246,6 @@ def cmd_sim(args: argparse.Namespace) -> int:
             ),
             flush=True,
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         await server.stop()
         return 0
@@ -197,80 +256,124 @@ def cmd_sim(args: argparse.Namespace) -> int:
 def cmd_test_alert(args: argparse.Namespace) -> int:
     from watchd import testalert
 
-    loaded = _load_or_report(args)
-    if loaded is None:
+    config = _load_config_or_report(args)
+    if config is None:
         return 2
-    config, secrets = loaded
     if args.receiver not in {r.name for r in config.receivers}:
         print(
-            f"no receiver named {args.receiver!r} (have: "
+            f"test-alert failed: no receiver named {args.receiver!r} (have: "
             f"{', '.join(r.name for r in config.receivers)})",
             file=sys.stderr,
         )
-        return 2
+        return 1
+    # Only this receiver's secret: no token, no other receiver's key is read.
+    secrets = resolve_secrets(
+        config, identities=False, receivers={args.receiver}, server=False, strict=False
+    )
+    if secrets.problems:
+        _print_problems(secrets.problems, f"test-alert failed: {args.receiver}'s secret:")
+        return 1
     return asyncio.run(testalert.send(config, secrets, args.receiver))
 
 
 def cmd_silence(args: argparse.Namespace) -> int:
     from watchd import silencectl
 
-    loaded = _load_or_report(args)
-    if loaded is None:
-        return 2
-    config, secrets = loaded
-    return asyncio.run(silencectl.run(config, secrets, args))
+    return silencectl.main(args, config_path=_config_path(args.config))
+
+
+def _global_options(*, defaults: bool) -> argparse.ArgumentParser:
+    """Options every command accepts, before or after its name.
+
+    The top-level parser holds the defaults; each sub-command's copy defaults to
+    SUPPRESS, so a value given after the sub-command wins and an absent one does
+    not overwrite a value given before it.
+    """
+
+    def d(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    g = argparse.ArgumentParser(add_help=False)
+    opts = g.add_argument_group("global options")
+    opts.add_argument(
+        "-c", "--config", default=d(None), help="config file (else $WATCHD_CONFIG, else /etc/…)"
+    )
+    opts.add_argument(
+        "--log-level",
+        default=d(os.environ.get("WATCHD_LOG_LEVEL", "info")),
+        choices=["debug", "info", "warning", "error"],
+    )
+    opts.add_argument("--log-format", choices=["auto", "json", "console"], default=d("auto"))
+    opts.add_argument(
+        "--json", action="store_true", default=d(False), help="machine-readable output"
+    )
+    return g
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="watchd", description="Monitor Coder Agents chats.")
-    p.add_argument("--version", action="version", version=f"watchd {__version__}")
-    p.add_argument(
-        "--log-level",
-        default=os.environ.get("WATCHD_LOG_LEVEL", "info"),
-        choices=["debug", "info", "warning", "error"],
+    common = [_global_options(defaults=False)]
+    p = argparse.ArgumentParser(
+        prog="watchd",
+        description="Monitor Coder Agents chats.",
+        parents=[_global_options(defaults=True)],
     )
-    p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    p.add_argument("--version", action="version", version=f"watchd {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the daemon")
-    run.add_argument("-c", "--config")
+    run = sub.add_parser("run", help="run the daemon", parents=common)
     run.set_defaults(func=cmd_run)
 
-    check = sub.add_parser("check-config", help="validate config and secrets; print routes")
-    check.add_argument("-c", "--config")
+    check = sub.add_parser(
+        "check-config", help="validate config and secrets; print routes", parents=common
+    )
     check.set_defaults(func=cmd_check_config)
 
-    scan = sub.add_parser("scan", help="list every identity's chats once; print stuck ones")
-    scan.add_argument("-c", "--config")
-    scan.add_argument("--json", action="store_true")
+    scan = sub.add_parser(
+        "scan", help="list every identity's chats once; print stuck ones", parents=common
+    )
     scan.set_defaults(func=cmd_scan)
 
-    demo = sub.add_parser("demo", help="simulator + daemon, console output")
+    demo = sub.add_parser("demo", help="simulator + daemon, console output", parents=common)
     demo.add_argument(
         "--duration", type=float, default=90.0, help="seconds to run (0: until Ctrl-C)"
     )
     demo.add_argument("--listen", default="127.0.0.1:9310")
     demo.set_defaults(func=cmd_demo)
 
-    test_alert = sub.add_parser("test-alert", help="send a synthetic alert and its resolve")
+    test_alert = sub.add_parser(
+        "test-alert", help="send a synthetic alert and its resolve", parents=common
+    )
     test_alert.add_argument("receiver")
-    test_alert.add_argument("-c", "--config")
     test_alert.set_defaults(func=cmd_test_alert)
 
-    silence = sub.add_parser("silence", help="manage runtime silences on a running daemon")
-    silence.add_argument("-c", "--config")
+    silence = sub.add_parser(
+        "silence", help="manage runtime silences on a running daemon", parents=common
+    )
+    conn = argparse.ArgumentParser(add_help=False)
+    where = conn.add_argument_group("daemon")
+    where.add_argument(
+        "--url", default=argparse.SUPPRESS, help="the daemon (default: http://server.listen)"
+    )
+    where.add_argument(
+        "--token-file",
+        default=argparse.SUPPRESS,
+        help="admin token file (else $WATCHD_ADMIN_TOKEN, else server.admin_token)",
+    )
+    silence.add_argument("--url", default=None, help=argparse.SUPPRESS)
+    silence.add_argument("--token-file", default=None, help=argparse.SUPPRESS)
     ssub = silence.add_subparsers(dest="action", required=True)
-    add = ssub.add_parser("add", help="silence alerts matching all matchers")
+    both = [*common, conn]
+    add = ssub.add_parser("add", help="silence alerts matching all matchers", parents=both)
     add.add_argument("matchers", nargs="+", help='e.g. identity="team-a" alertname=~"Chat.*"')
     add.add_argument("--duration", default="2h")
     add.add_argument("--comment", default="")
     add.add_argument("--author", default=os.environ.get("USER", "cli"))
-    ssub.add_parser("list", help="list silences")
-    expire = ssub.add_parser("expire", help="end a silence now")
+    ssub.add_parser("list", help="list silences", parents=both)
+    expire = ssub.add_parser("expire", help="end a silence now", parents=both)
     expire.add_argument("id")
     silence.set_defaults(func=cmd_silence)
 
-    sim = sub.add_parser("sim", help="the Coder simulator alone")
+    sim = sub.add_parser("sim", help="the Coder simulator alone", parents=common)
     sim.add_argument("--listen", default="127.0.0.1:7080")
     sim.add_argument("--scenario", default="demo", choices=["empty", "demo", "fleet", "bulk"])
     sim.add_argument("--users", type=int, default=50, help="bulk scenario: users")

@@ -55,13 +55,14 @@ class ServerClock:
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)
         self.offset: float = 0.0
         self.synced: bool = False
+        # Responses without a usable Date header (the estimate then rests on the others).
+        self.missing_date = 0
 
     def observe(self, date_header: str | None, *, sent_at: float, received_at: float) -> None:
         """Record one response's ``Date`` taken between ``sent_at`` and ``received_at`` (wall)."""
-        if not date_header:
-            return
-        server = parse_http_date(date_header)
+        server = parse_http_date(date_header) if date_header else None
         if server is None:
+            self.missing_date += 1
             return
         self._samples.append((server - received_at, server + 1.0 - sent_at))
         self.offset = best_agreement(self._samples)

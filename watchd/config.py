@@ -11,11 +11,13 @@ read by the telemetry module).
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -60,7 +62,33 @@ def parse_duration(value: Any) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
-def format_duration(seconds: float) -> str:
+def _floor(seconds: float, why: str) -> AfterValidator:
+    """A duration's lower bound, stated (with the reason) in the error."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and value < seconds:
+            raise ValueError(
+                f"{format_duration(value, exact=True)} is below the minimum of "
+                f"{format_duration(seconds, exact=True)} ({why})"
+            )
+        return value
+
+    return AfterValidator(check)
+
+
+# Floors: each stops a setting from turning into a busy loop or a hair trigger.
+_TICK = "anything shorter is a busy loop"
+Budget = Annotated[
+    float, BeforeValidator(parse_duration), _floor(1.0, "a budget is time in status")
+]
+Timeout = Annotated[
+    float, BeforeValidator(parse_duration), _floor(0.1, "no request completes that fast")
+]
+
+
+def format_duration(seconds: float, *, exact: bool = False) -> str:
+    if exact and seconds < 60 and seconds != round(seconds):
+        return f"{seconds * 1000:.0f}ms" if seconds < 1 else f"{seconds:g}s"
     seconds = round(seconds)
     if seconds < 60:
         return f"{seconds}s"
@@ -101,20 +129,20 @@ class Budgets(Strict):
     """Time in status before ChatStuck / ChatStranded fires."""
 
     # Older servers' queue state; a chat waiting this long for a worker is not scheduling.
-    pending: Duration = 600.0
+    pending: Budget = 600.0
     # A turn with model and tool steps rarely exceeds 30 min; fleets set requestTimeoutMs below it.
-    running: Duration = 1800.0
+    running: Budget = 1800.0
     # Interrupt finalisation is seconds; 2 min covers a dead runner's lease expiry + rescan.
-    interrupting: Duration = 120.0
+    interrupting: Budget = 120.0
     # The server cancels client-tool pauses after 5 min; 15 min means that failed too.
-    requires_action: Duration = 900.0
+    requires_action: Budget = 900.0
     # Statuses this build does not know are treated as active with this budget.
-    default: Duration = 1800.0
+    default: Budget = 1800.0
     # Optional second clock: `running` with no server-side progress (updated_at unmoved).
     # Off by default: capacity queueing legitimately makes no progress for a long time.
-    stalled: Duration | None = None
+    stalled: Budget | None = None
     # Budgets for statuses that are not named above (a newer server's statuses).
-    other: dict[str, Duration] = Field(default_factory=dict)
+    other: dict[str, Budget] = Field(default_factory=dict)
 
     def for_status(self, status: str) -> float:
         fixed = {
@@ -140,7 +168,10 @@ class IdentityConfig(Strict):
     requests_per_minute: Annotated[int, Field(ge=10, le=6000)] = 300
     # How long an identity may fail to watch or list before IdentityUnhealthy fires:
     # long enough to ride out a Coder rolling restart, short enough to matter.
-    unhealthy_after: Duration = 120.0
+    unhealthy_after: Annotated[float, BeforeValidator(parse_duration), _floor(1.0, _TICK)] = 120.0
+    # Chats per listing page. coderd has no maximum; 500 lists 50 000 chats in 100
+    # requests and keeps the moving-cursor window short (docs/coder-api.md).
+    page_size: Annotated[int, Field(ge=1, le=2**31 - 1)] = 500
     budgets: Budgets | None = None
 
     @model_validator(mode="after")
@@ -157,7 +188,7 @@ class WebhookReceiver(Strict):
     hmac_secret_credential: str | None = None
     # Alertmanager's default; a big group can be cut without losing the count.
     max_alerts: Annotated[int, Field(ge=0)] = 0
-    timeout: Duration = 10.0
+    timeout: Timeout = 10.0
 
 
 class PagerDutyReceiver(Strict):
@@ -167,7 +198,7 @@ class PagerDutyReceiver(Strict):
     url: HttpUrl = "https://events.pagerduty.com/v2/enqueue"
     # Severity for alerts whose `severity` label is missing or not a PagerDuty one.
     severity: Literal["critical", "error", "warning", "info"] = "error"
-    timeout: Duration = 10.0
+    timeout: Timeout = 10.0
 
     @model_validator(mode="after")
     def _one_key(self) -> PagerDutyReceiver:
@@ -181,7 +212,7 @@ class SlackReceiver(Strict):
     webhook_url_credential: str | None = None
     # Chats listed per message before "+N more": keeps messages readable and under 50 blocks.
     max_chats: Annotated[int, Field(ge=1, le=40)] = 10
-    timeout: Duration = 10.0
+    timeout: Timeout = 10.0
 
     @model_validator(mode="after")
     def _one_url(self) -> SlackReceiver:
@@ -191,7 +222,7 @@ class SlackReceiver(Strict):
 
 class AlertmanagerReceiver(Strict):
     url: HttpUrl
-    timeout: Duration = 10.0
+    timeout: Timeout = 10.0
 
 
 class ConsoleReceiver(Strict):
@@ -339,7 +370,7 @@ class QuotaConfig(Strict):
     enabled: bool = True
     # Quota moves with workspace builds, not chat events; every 5 min keeps the
     # diagnosis current at one request per identity.
-    interval: Duration = 300.0
+    interval: Annotated[float, BeforeValidator(parse_duration), _floor(1.0, _TICK)] = 300.0
     # Org and user default to the token's own (users/me); set them to watch another.
     organization: str | None = None
     user: str = "me"
@@ -379,7 +410,11 @@ class SweepPolicy(Strict):
     matchers: Matchers
     status: list[str]
     # Time in status (server clock) before the policy applies, e.g. 2h, or 7d for orphans.
-    older_than: Duration
+    older_than: Annotated[
+        float,
+        BeforeValidator(parse_duration),
+        _floor(1.0, "a policy acts on time in status"),
+    ]
     # interrupt: stop the run; archive: archive idle chats; interrupt_then_archive: both,
     # archiving only once the chat settled (waiting/error).
     action: Literal["interrupt", "archive", "interrupt_then_archive"]
@@ -405,14 +440,22 @@ class SweepConfig(Strict):
 
     enabled: bool = False
     dry_run: bool = True
-    interval: Duration = 60.0
+    interval: Annotated[float, BeforeValidator(parse_duration), _floor(1.0, _TICK)] = 60.0
     # Mutations per identity per minute: sweeping must never look like an attack.
     actions_per_minute: Annotated[int, Field(ge=1, le=600)] = 30
     concurrency: Annotated[int, Field(ge=1, le=32)] = 2
     # How long an interrupted chat may take to settle before the sweep gives up on it.
-    settle_timeout: Duration = 120.0
+    settle_timeout: Annotated[
+        float, BeforeValidator(parse_duration), _floor(1.0, "a chat cannot settle faster")
+    ] = 120.0
     # Announcements (ChatSwept) stay firing this long, then resolve.
-    announce_for: Duration = 600.0
+    announce_for: Annotated[
+        float, BeforeValidator(parse_duration), _floor(1.0, "shorter is never seen")
+    ] = 600.0
+    # A chat whose execution state is invalid (409 "Chat is in an invalid state." on
+    # every mutation) is only reported unless this is on; then the sweep calls
+    # POST …/reconcile-invalid once (moving it to `error`) and handles it normally.
+    reconcile_invalid: bool = False
     policies: list[SweepPolicy] = Field(default_factory=list)
 
 
@@ -433,13 +476,15 @@ class TelemetryConfig(Strict):
     exporter: Literal["otlp", "console", "none"] | None = None
     protocol: Literal["grpc", "http/protobuf"] = "grpc"
     endpoint: str | None = None
-    timeout: Duration = 10.0
+    timeout: Timeout = 10.0
     # Spans in flight to the exporter; past it new spans are refused and counted.
     max_queue_size: Annotated[int, Field(ge=16)] = 20_000
     batch_size: Annotated[int, Field(ge=1)] = 512
-    schedule_delay: Duration = 1.0
+    schedule_delay: Annotated[float, BeforeValidator(parse_duration), _floor(0.01, _TICK)] = 1.0
     # An open request/connection/segment older than this is closed as unsettled.
-    pair_horizon: Duration = 600.0
+    pair_horizon: Annotated[
+        float, BeforeValidator(parse_duration), _floor(1.0, "shorter closes live requests")
+    ] = 600.0
     max_open_pairs: Annotated[int, Field(ge=16)] = 20_000
     # Events waiting for the converter (ingest + file sources + watchd's own traffic).
     ingest_queue: Annotated[int, Field(ge=16)] = 50_000
@@ -461,12 +506,50 @@ class TelemetryConfig(Strict):
         return "otlp" if (self.endpoint or has_env) else "none"
 
 
+class HeartbeatConfig(Strict):
+    """A dead man's switch: silence from a monitor reads as "all is well", so watchd says
+    "I am alive and seeing" every ``interval`` — and only while that is true: the loop
+    responsive, every identity ready or already alerted (IdentityUnhealthy), state
+    persisting. Off unless ``receivers`` or a ping URL is given."""
+
+    # Dead man's switch services expect a beat every minute or so; they alert after a
+    # few missed ones (configure their grace at 2-3 intervals).
+    interval: Annotated[float, BeforeValidator(parse_duration), _floor(1.0, _TICK)] = 60.0
+    # Receivers that get the always-firing `Watchdog` alert directly every interval
+    # (Prometheus' convention: an Alertmanager route to a DMS, a webhook to a heartbeat
+    # integration). Sent outside aggregation groups: a group would repeat it by itself.
+    receivers: list[str] = Field(default_factory=list)
+    # A push-style ping (healthchecks.io, Uptime Kuma): a GET every interval. Such URLs
+    # carry their check's key, so the URL is a secret reference.
+    ping_url_file: str | None = None
+    ping_url_env: str | None = None
+    ping_url_credential: str | None = None
+    timeout: Timeout = 10.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(
+            self.receivers or self.ping_url_file or self.ping_url_env or self.ping_url_credential
+        )
+
+    @model_validator(mode="after")
+    def _one_url(self) -> HeartbeatConfig:
+        refs = [self.ping_url_file, self.ping_url_env, self.ping_url_credential]
+        if sum(1 for r in refs if r) > 1:
+            raise ValueError("give at most one of ping_url_file, ping_url_env, ping_url_credential")
+        return self
+
+
 class Config(Strict):
     identities: list[IdentityConfig]
     budgets: Budgets = Field(default_factory=Budgets)
     # The stream drops events (NOTIFY is best-effort): a full listing every minute bounds
     # how long a lost transition stays unseen.
-    reconcile_interval: Duration = 60.0
+    reconcile_interval: Annotated[
+        float,
+        BeforeValidator(parse_duration),
+        _floor(5.0, "a full listing per identity more often only burns Coder's rate budget"),
+    ] = 60.0
     detection: DetectionConfig = Field(default_factory=DetectionConfig)
     receivers: list[ReceiverConfig] = Field(
         default_factory=lambda: [ReceiverConfig(name="console", console=ConsoleReceiver())]
@@ -478,6 +561,7 @@ class Config(Strict):
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     quota: QuotaConfig = Field(default_factory=QuotaConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
+    heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     state_dir: str = "/var/lib/watchd"
     # The link in alerts; the Coder UI shows a chat at {deployment}/agents/{chat_id}.
     chat_link_template: str = "{deployment}/agents/{chat_id}"
@@ -497,16 +581,34 @@ class Config(Strict):
         if self.route.receiver is None:
             raise ValueError("route.receiver: the root route needs a receiver")
         self._check_route(self.route, set(receivers), "route")
+        unknown = sorted(set(self.heartbeat.receivers) - set(receivers))
+        if unknown:
+            raise ValueError(f"heartbeat.receivers: no receiver named {', '.join(unknown)}")
         return self
 
     def _check_route(self, route: RouteConfig, known: set[str], path: str) -> None:
         if route.receiver is not None and route.receiver not in known:
             raise ValueError(f"{path}.receiver: no receiver named {route.receiver!r}")
+        # Floors live here, not on RouteConfig, so the alert engine's own tests may run
+        # it faster; an operator's tree never does.
+        for key, floor, why in _ROUTE_FLOORS:
+            value = getattr(route, key)
+            if value is not None and value < floor:
+                raise ValueError(
+                    f"{path}.{key}: {format_duration(value, exact=True)} is below the minimum "
+                    f"of {format_duration(floor, exact=True)} ({why})"
+                )
         for i, child in enumerate(route.routes):
             self._check_route(child, known, f"{path}.routes.{i}")
 
     def budgets_for(self, identity: IdentityConfig) -> Budgets:
         return identity.budgets or self.budgets
+
+
+_ROUTE_FLOORS = (
+    ("group_interval", 1.0, "a group is re-notified no faster than once a second"),
+    ("repeat_interval", 1.0, "a repeat sooner than that is a notification storm"),
+)
 
 
 class ConfigError(Exception):
@@ -525,6 +627,9 @@ def _format_errors(exc: ValidationError) -> list[str]:
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         msg = msg.removeprefix("Value error, ")
+        if not err["loc"] and re.match(r"^[a-z_][a-z0-9_.]*: ", msg):
+            out.append(msg)  # a cross-field check that names its own path
+            continue
         out.append(f"{path}: {msg}")
     return out
 
@@ -540,23 +645,65 @@ def parse_config(data: Any, *, source: str = "config") -> Config:
         raise ConfigError(_format_errors(exc)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML says keys are
+    unique; PyYAML silently keeps the last, hiding a typo)."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise _DuplicateKey(key, line, seen[key])
+                    seen[key] = line
+                except TypeError:  # an unhashable key: the normal path reports it
+                    continue
+        return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: object, line: int, first: int) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+def load_yaml(text: str, *, source: str) -> Any:
+    """YAML with unique keys; errors are ConfigError lines naming the place."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except _DuplicateKey as dup:
+        raise ConfigError(
+            [
+                f"{source}: line {dup.line}: duplicate key {dup.key!r} "
+                f"(first given at line {dup.first})"
+            ]
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError([f"{source}: not valid YAML{where}"]) from None
+
+
 def load_config(path: str | Path) -> Config:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read ({exc.strerror or type(exc).__name__})"]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError([f"{p}: not valid YAML{where}"]) from None
-    return parse_config(data, source=str(p))
+    return parse_config(load_yaml(text, source=str(p)), source=str(p))
 
 
 class ResolvedSecrets(BaseModel):
-    """Secret values, held as SecretStr so that repr/str/logging never show them."""
+    """Secret values, held as SecretStr so that repr/str/logging never show them.
+
+    ``problems`` lists the references that could not be read when resolved with
+    ``strict=False`` (each naming its path, never a value); their secrets are absent.
+    """
 
     model_config = ConfigDict(frozen=True)
     tokens: dict[str, SecretStr]
@@ -564,10 +711,24 @@ class ResolvedSecrets(BaseModel):
     receiver_hmac: dict[str, SecretStr]
     ingest_token: SecretStr | None
     admin_token: SecretStr | None = None
+    heartbeat_url: SecretStr | None = None
+    problems: tuple[str, ...] = ()
 
 
-def resolve_secrets(config: Config) -> ResolvedSecrets:
-    """Read every referenced secret; all problems are collected, each naming its path."""
+def resolve_secrets(
+    config: Config,
+    *,
+    identities: bool = True,
+    receivers: Collection[str] | None = None,
+    server: bool = True,
+    strict: bool = True,
+) -> ResolvedSecrets:
+    """Read the referenced secrets; all problems are collected, each naming its path.
+
+    A command reads only what it uses: ``identities`` (tokens), ``receivers`` (these
+    receivers' secrets; None means all), ``server`` (ingest and admin tokens). With
+    ``strict`` a problem raises ConfigError; without, it is listed in ``problems``.
+    """
     problems: list[str] = []
     tokens: dict[str, SecretStr] = {}
     recv: dict[str, SecretStr] = {}
@@ -580,7 +741,7 @@ def resolve_secrets(config: Config) -> ResolvedSecrets:
             problems.append(str(exc))
             return None
 
-    for i, ident in enumerate(config.identities):
+    for i, ident in enumerate(config.identities if identities else []):
         v = take(
             f"identities.{i}.token ({ident.name})",
             file=ident.token_file,
@@ -590,6 +751,8 @@ def resolve_secrets(config: Config) -> ResolvedSecrets:
         if v is not None:
             tokens[ident.name] = SecretStr(v)
     for i, r in enumerate(config.receivers):
+        if receivers is not None and r.name not in receivers:
+            continue
         path = f"receivers.{i}.{r.kind} ({r.name})"
         if r.pagerduty:
             p = r.pagerduty
@@ -602,7 +765,8 @@ def resolve_secrets(config: Config) -> ResolvedSecrets:
             if v is not None:
                 if not re.fullmatch(r"[A-Za-z0-9]{32}", v):
                     problems.append(f"{path}.routing_key: must be 32 alphanumeric characters")
-                recv[r.name] = SecretStr(v)
+                else:
+                    recv[r.name] = SecretStr(v)
         elif r.slack:
             s = r.slack
             v = take(
@@ -618,7 +782,8 @@ def resolve_secrets(config: Config) -> ResolvedSecrets:
                     problems.append(
                         f"{path}.webhook_url: the referenced value is not an http(s) URL"
                     )
-                recv[r.name] = SecretStr(v)
+                else:
+                    recv[r.name] = SecretStr(v)
         elif r.webhook and (
             r.webhook.hmac_secret_file
             or r.webhook.hmac_secret_env
@@ -634,8 +799,9 @@ def resolve_secrets(config: Config) -> ResolvedSecrets:
             if v is not None:
                 hmac[r.name] = SecretStr(v)
     ingest = None
+    admin = None
     srv = config.server
-    if srv.ingest_token_file or srv.ingest_token_env or srv.ingest_token_credential:
+    if server and (srv.ingest_token_file or srv.ingest_token_env or srv.ingest_token_credential):
         v = take(
             "server.ingest_token",
             file=srv.ingest_token_file,
@@ -644,18 +810,50 @@ def resolve_secrets(config: Config) -> ResolvedSecrets:
         )
         if v is not None:
             ingest = SecretStr(v)
-    admin = None
-    if srv.admin_token_file or srv.admin_token_env or srv.admin_token_credential:
+    if server and (srv.admin_token_file or srv.admin_token_env or srv.admin_token_credential):
+        admin = resolve_admin_token(config, problems)
+    beat = None
+    hb = config.heartbeat
+    if server and (hb.ping_url_file or hb.ping_url_env or hb.ping_url_credential):
         v = take(
-            "server.admin_token",
-            file=srv.admin_token_file,
-            env=srv.admin_token_env,
-            cred=srv.admin_token_credential,
+            "heartbeat.ping_url",
+            file=hb.ping_url_file,
+            env=hb.ping_url_env,
+            cred=hb.ping_url_credential,
         )
         if v is not None:
-            admin = SecretStr(v)
-    if problems:
+            try:
+                _http_url(v)
+            except ValueError:
+                problems.append("heartbeat.ping_url: the referenced value is not an http(s) URL")
+            else:
+                beat = SecretStr(v)
+    if problems and strict:
         raise ConfigError(problems)
     return ResolvedSecrets(
-        tokens=tokens, receivers=recv, receiver_hmac=hmac, ingest_token=ingest, admin_token=admin
+        tokens=tokens,
+        receivers=recv,
+        receiver_hmac=hmac,
+        ingest_token=ingest,
+        admin_token=admin,
+        heartbeat_url=beat,
+        problems=tuple(problems),
     )
+
+
+def resolve_admin_token(config: Config, problems: list[str]) -> SecretStr | None:
+    """The admin token alone (what ``watchd silence`` needs), or None if not configured."""
+    srv = config.server
+    if not (srv.admin_token_file or srv.admin_token_env or srv.admin_token_credential):
+        return None
+    try:
+        value = secrets.resolve(
+            file=srv.admin_token_file,
+            env=srv.admin_token_env,
+            credential=srv.admin_token_credential,
+            what="server.admin_token",
+        )
+    except secrets.SecretError as exc:
+        problems.append(str(exc))
+        return None
+    return SecretStr(value)

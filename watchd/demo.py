@@ -18,6 +18,7 @@ from typing import TextIO
 
 from watchd.config import Config, parse_config, resolve_secrets
 from watchd.daemon.app import Daemon
+from watchd.daemon.preflight import StartupError, check_listen
 from watchd.sim.scenarios import demo as demo_scenario
 from watchd.sim.server import SimServer
 from watchd.sim.state import SimState
@@ -155,8 +156,16 @@ async def _narrate(daemon: Daemon, out: TextIO) -> None:
 
 
 def main(duration: float, listen: str) -> int:
+    busy = check_listen(listen, setting="--listen")
+    if busy:
+        print(f"watchd demo: cannot start: {busy}; pick another with --listen", file=sys.stderr)
+        return 2
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(run_demo(duration=duration, listen=listen, out=sys.stdout))
+        try:
+            return asyncio.run(run_demo(duration=duration, listen=listen, out=sys.stdout))
+        except StartupError as exc:  # taken between the check and the bind
+            print(f"watchd demo: cannot start: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

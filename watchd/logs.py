@@ -37,6 +37,16 @@ def redact_secrets(
     return event_dict
 
 
+def _one_line(
+    _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """`warnings` messages end in a newline; a log event should not."""
+    event = event_dict.get("event")
+    if isinstance(event, str):
+        event_dict["event"] = event.rstrip()
+    return event_dict
+
+
 def configure(
     *, level: str = "info", json: bool | None = None, stream: TextIO | None = None
 ) -> None:
@@ -48,10 +58,13 @@ def configure(
         if json
         else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
-    processors: list[Any] = [
+    shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    processors: list[Any] = [
+        *shared,
         structlog.processors.format_exc_info,
         redact_secrets,
         renderer,
@@ -65,8 +78,33 @@ def configure(
         # Bound once per logger: an unbound proxy re-binds on every call (~10 µs).
         cache_logger_on_first_use=True,
     )
-    # aiohttp and asyncio log through the standard library; route them at WARNING.
-    logging.basicConfig(level=logging.WARNING, stream=stream, format="%(name)s: %(message)s")
+    # Libraries (OpenTelemetry's SDK and exporters, aiohttp, asyncio) log through the
+    # standard library, and `warnings` through its py.warnings logger: all of it is
+    # rendered by the same chain, so a JSON log stays JSON lines, secrets scrubbed.
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                *shared,
+                structlog.stdlib.add_logger_name,
+                structlog.stdlib.ExtraAdder(),
+                _one_line,
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                redact_secrets,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_watchd", False)]:
+        root.removeHandler(old)
+    handler._watchd = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.captureWarnings(True)
 
 
 def get(name: str) -> Any:

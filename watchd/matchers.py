@@ -1,5 +1,10 @@
 """Alertmanager's matcher syntax: ``name="value"``, ``!=``, ``=~``, ``!~``.
 
+Exactly Alertmanager's grammar, nothing looser: a label name, one of the four
+operators, then a double-quoted value (escapes ``\\"``, ``\\\\``, ``\\n``) or an
+unquoted one made of characters that are not whitespace, quotes, ``{}``, ``,``,
+``=``, ``!``, ``~`` or backslash. So a typo such as ``severity==critical`` is an
+error naming the matcher, never a matcher for the value ``=critical``.
 Regex matchers are anchored, as in Alertmanager. Pure and synchronous.
 """
 
@@ -10,8 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 _MATCHER = re.compile(
-    r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|([^\s"]*))\s*$'
+    r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"
+    r'(?:"((?:[^"\\]|\\["\\n])*)"|([^\s"\'{}=!~,\\]*))\s*$'
 )
+_ESCAPE = re.compile(r"\\([\"\\n])")
 
 
 class MatcherError(ValueError):
@@ -36,20 +43,21 @@ class Matcher:
         return hit if self.op == "=~" else not hit
 
     def __str__(self) -> str:
-        escaped = self.value.replace("\\", "\\\\").replace('"', '\\"')
+        escaped = self.value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
         return f'{self.name}{self.op}"{escaped}"'
 
 
 def parse_matcher(text: str) -> Matcher:
-    m = _MATCHER.match(text)
-    if not m:
+    m = _MATCHER.match(text) if isinstance(text, str) else None
+    if m is None:
         raise MatcherError(
             f'bad matcher {text!r}: expected name="value", name!="value", '
             'name=~"regex" or name!~"regex"'
         )
     name, op, quoted, bare = m.groups()
-    value = quoted if quoted is not None else bare
-    value = re.sub(r"\\(.)", r"\1", value)
+    value = bare
+    if quoted is not None:
+        value = _ESCAPE.sub(lambda e: "\n" if e.group(1) == "n" else e.group(1), quoted)
     regex = None
     if op in ("=~", "!~"):
         try:

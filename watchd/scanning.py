@@ -44,6 +44,10 @@ async def scan_identity(
 ) -> ScanResult:
     ident = next(i for i in config.identities if i.name == name)
     result = ScanResult(identity=name, deployment=ident.url)
+    if name not in secrets.tokens:
+        problem = next((p for p in secrets.problems if f"({name})" in p), "token unavailable")
+        result.error = problem
+        return result
     clock = ServerClock()
     transport = Transport(
         base_url=ident.url,
@@ -52,7 +56,7 @@ async def scan_identity(
         identity=name,
         server_clock=clock,
     )
-    client = CoderClient(transport, attempts=3, deadline=30.0)
+    client = CoderClient(transport, attempts=3, deadline=30.0, page_size=ident.page_size)
     budgets = config.budgets_for(ident)
     store = ChatStore()
     try:
@@ -129,9 +133,13 @@ async def scan(config: Config, secrets: ResolvedSecrets) -> list[ScanResult]:
 
 
 def exit_code(results: list[ScanResult]) -> int:
-    if any(r.error for r in results):
+    """1 when anything is stuck (even if another identity failed: that one is reported),
+    2 only when no identity could be scanned, else 0."""
+    if any(r.stuck for r in results):
+        return 1
+    if results and all(r.error for r in results):
         return 2
-    return 1 if any(r.stuck for r in results) else 0
+    return 0
 
 
 def render(results: list[ScanResult]) -> str:

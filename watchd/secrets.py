@@ -30,12 +30,36 @@ class SecretRegistry:
         if len(value) >= 6:
             with self._lock:
                 self._values.add(value)
+        if "://" in value:
+            self._add_url_parts(value)
+
+    def _add_url_parts(self, url: str) -> None:
+        """A URL that is a secret (Slack's webhook, a heartbeat ping URL) leaks by its parts
+        too: an answer may quote its path or its key segment without the host."""
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        pieces = [parts.path + (f"?{parts.query}" if parts.query else "")]
+        pieces += [seg for seg in parts.path.split("/") if len(seg) >= 16]
+        pieces += [kv.split("=", 1)[-1] for kv in parts.query.split("&") if len(kv) >= 16]
+        with self._lock:
+            self._values.update(p for p in pieces if len(p) >= 16)
 
     def scrub(self, text: str) -> str:
         for value in self._values:
             if value in text:
                 text = text.replace(value, "[REDACTED]")
         return text
+
+    def scrub_all(self, value: object) -> object:
+        """``value`` with every string inside it scrubbed (dicts, lists, tuples)."""
+        if isinstance(value, str):
+            return self.scrub(value) if self._values else value
+        if isinstance(value, dict):
+            return {k: self.scrub_all(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub_all(v) for v in value]
+        return value
 
     def __contains__(self, text: object) -> bool:
         return isinstance(text, str) and any(v in text for v in self._values)

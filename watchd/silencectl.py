@@ -1,23 +1,88 @@
-"""``watchd silence add|list|expire``: the runtime silence API of a running daemon."""
+"""``watchd silence add|list|expire``: the runtime silence API of a running daemon.
+
+Works where operators are: the daemon is found by ``--url`` (default
+``http://`` + the config's ``server.listen``), the admin token comes from
+``--token-file``, else ``$WATCHD_ADMIN_TOKEN``, else the config's
+``server.admin_token`` reference — and no other secret of the config is read.
+Exit 0 on success, 1 on any failure (bad matcher, daemon unreachable or
+refusing), 2 only when the config is needed (no ``--url``) and invalid.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
 
 import aiohttp
 
-from watchd.config import Config, ResolvedSecrets
+from watchd import secrets
+from watchd.config import ConfigError, load_config, parse_duration, resolve_admin_token
+from watchd.matchers import MatcherError, parse_matchers
+
+TOKEN_ENV = "WATCHD_ADMIN_TOKEN"
 
 
-async def run(config: Config, secrets: ResolvedSecrets, args: argparse.Namespace) -> int:
-    base = f"http://{config.server.listen}/api/v1/silences"
-    headers = {}
-    if secrets.admin_token is not None:
-        headers["Authorization"] = f"Bearer {secrets.admin_token.get_secret_value()}"
+def base_url(listen: str) -> str:
+    """The URL a local client uses for a ``server.listen`` address (wildcards → loopback)."""
+    host, _, port = listen.rpartition(":")
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host in ("::", "[::]"):
+        host = "[::1]"
+    return f"http://{host}:{port}"
+
+
+def _fail(message: str) -> int:
+    print(f"silence: {message}", file=sys.stderr)
+    return 1
+
+
+def main(args: argparse.Namespace, *, config_path: str) -> int:
+    import asyncio
+
+    if args.action == "add":
+        try:
+            parse_matchers(args.matchers)
+            parse_duration(args.duration)
+        except (MatcherError, ValueError) as exc:
+            return _fail(str(exc))
+    url: str | None = args.url
+    token: str | None = None
+    if args.token_file:
+        try:
+            token = secrets.read_secret_file(args.token_file, what="--token-file")
+        except secrets.SecretError as exc:
+            return _fail(str(exc))
+    elif os.environ.get(TOKEN_ENV, "").strip():
+        token = secrets.read_secret_env(TOKEN_ENV, what=f"${TOKEN_ENV}")
+    if url is None or token is None:
+        try:
+            config = load_config(config_path)
+        except ConfigError as exc:
+            if url is None:
+                print("invalid configuration (give --url to do without it):", file=sys.stderr)
+                for p in exc.problems:
+                    print(f"  {p}", file=sys.stderr)
+                return 2
+        else:
+            if url is None:
+                url = base_url(config.server.listen)
+            if token is None:
+                problems: list[str] = []
+                value = resolve_admin_token(config, problems)
+                if problems and args.action != "list":
+                    return _fail(f"{problems[0]} (or give --token-file / ${TOKEN_ENV})")
+                token = value.get_secret_value() if value is not None else None
+    return asyncio.run(call(url.rstrip("/"), token, args))
+
+
+async def call(url: str, token: str | None, args: argparse.Namespace) -> int:
+    base = f"{url}/api/v1/silences"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession(headers=headers) as session:
         try:
             if args.action == "add":
@@ -32,13 +97,17 @@ async def run(config: Config, secrets: ResolvedSecrets, args: argparse.Namespace
                 status, data = await _call(session, "GET", base, None)
             else:
                 status, data = await _call(session, "DELETE", f"{base}/{args.id}", None)
-        except aiohttp.ClientError as exc:
-            print(f"cannot reach the daemon at {config.server.listen}: {exc}", file=sys.stderr)
-            return 1
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            return _fail(f"cannot reach the daemon at {url}: {exc or type(exc).__name__}")
+        except ValueError:
+            return _fail(f"{url} did not answer like watchd (not JSON)")
     if status >= 400:
-        print(f"error (HTTP {status}): {data.get('error', data)}", file=sys.stderr)
-        return 1
+        detail = data.get("error", data) if isinstance(data, dict) else data
+        return _fail(f"the daemon refused (HTTP {status}): {detail}")
     if args.action == "list":
+        if args.json:
+            print(json.dumps(data))
+            return 0
         now = time.time()
         for s in data["silences"]:
             left = max(0, s["ends_at"] - now)

@@ -6,10 +6,16 @@ clock. ``requires_action`` chats are never touched. Interrupt is
 asynchronous: a chat is archived only once it settled (``waiting``/``error``),
 within ``settle_timeout``; a subagent's archive goes to its root. 409s are
 answers, not failures to retry in a loop: "nothing to interrupt" ends the
-interrupt, "still active" waits for a later pass (three tries). Every
-decision and action goes to the audit log (JSON lines), to ``/status``, and
-through the alert pipeline as ChatSwept; progress lives in SQLite so a
-restart mid-sweep never acts twice.
+interrupt, "still active" waits for a later pass (three tries), and "Chat is
+in an invalid state." is its own answer: the chat is never recorded as
+interrupted or archived, stuck alerts say so, and only with
+``reconcile_invalid`` opted in is ``POST …/reconcile-invalid`` called (once,
+rate-bounded, dry-run respected) before the chat is handled normally.
+``orchestrator`` chats (one long-lived chat per user) are left alone unless
+a policy names them with a ``mode`` matcher. Every decision and action goes
+to the audit log (JSON lines), to ``/status``, and through the alert
+pipeline as ChatSwept; progress lives in SQLite so a restart mid-sweep never
+acts twice. A dry run's plan is not an action: it never blocks a real run.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ ACTIVE = frozenset({"running", "pending", "interrupting"})
 SETTLED = frozenset({"waiting", "error", "completed", "paused"})
 MAX_ATTEMPTS = 3
 TERMINAL = frozenset({"interrupted", "archived", "gave_up", "planned"})
+# "invalid": a mutation answered 409 "Chat is in an invalid state."; waits for the
+# operator (or reconcile_invalid) and is not retried in a loop.
+WAITING = frozenset({"invalid"})
 AUDIT_KEEP = 200
 
 
@@ -63,9 +72,13 @@ def match_policy(
         "owner": rec.owner,
         "status": rec.status,
         "chat_id": rec.chat_id,
+        "mode": rec.mode,
         **{f"chat_label_{k}": v for k, v in rec.labels},
     }
+    orchestrator = rec.mode == "orchestrator"
     for policy, matchers in policies:
+        if orchestrator and not any(m.name == "mode" for m in matchers):
+            continue  # an orchestrator is swept only by a policy that names it
         if (
             rec.status in policy.status
             and now - rec.since >= policy.older_than
@@ -87,8 +100,12 @@ class Sweeper:
         sink: Callable[[], AlertSink],
         audit_path: Path,
         labels: Callable[[str], Mapping[str, str]],
+        on_invalid: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.config = config
+        # Told (identity, chat id, coderd's message) when a chat's state is invalid.
+        self.on_invalid = on_invalid
+        self._reconcile_missing: set[str] = set()  # identities whose server lacks the route
         self.store = store
         self.health = health
         self.clients = clients
@@ -97,7 +114,15 @@ class Sweeper:
         self.audit_path = audit_path
         self.labels = labels
         self.recent: deque[dict[str, Any]] = deque(maxlen=AUDIT_KEEP)
-        self.counts = {"planned": 0, "interrupted": 0, "archived": 0, "gave_up": 0, "errors": 0}
+        self.counts = {
+            "planned": 0,
+            "interrupted": 0,
+            "archived": 0,
+            "gave_up": 0,
+            "invalid": 0,
+            "reconciled": 0,
+            "errors": 0,
+        }
         self._limiters: dict[str, RateLimiter] = {}
         self._slots = asyncio.Semaphore(config.concurrency)
         self._policies = compile_policies(config)
@@ -136,6 +161,11 @@ class Sweeper:
 
     async def _start(self, rec: ChatRecord, policy: SweepPolicy) -> None:
         entry = self.db.sweep_get(rec.identity, rec.chat_id, policy.name)
+        if entry is not None and entry.since == rec.since and not self.config.dry_run:
+            if entry.state == "planned":
+                entry = None  # a dry run's plan is not an action
+            elif entry.state in WAITING and self.config.reconcile_invalid:
+                entry = None  # opted in since: try again
         if entry is not None and (entry.state not in TERMINAL or entry.since == rec.since):
             return  # in progress, or this episode was already handled
         entry = SweepEntry(rec.identity, rec.chat_id, policy.name, rec.since, "new", 0, time.time())
@@ -198,6 +228,9 @@ class Sweeper:
                 status = after.status if after is not None else status
                 detail = f"interrupt accepted ({status})"
             except CoderError as exc:
+                if exc.invalid_state:
+                    await self._invalid(entry, rec, policy, exc, client=client)
+                    return
                 if exc.status == 409:
                     detail = "nothing to interrupt (409)"
                 else:
@@ -260,6 +293,9 @@ class Sweeper:
         try:
             await client.archive(target)
         except CoderError as exc:
+            if exc.invalid_state:
+                await self._invalid(entry, rec, policy, exc, client=client, target=target)
+                return
             if exc.status == 400 and "already archived" in exc.message.lower():
                 pass
             elif exc.status == 409 or (exc.status == 400 and "root chat" in exc.message):
@@ -270,6 +306,69 @@ class Sweeper:
                 return
         what = "archived" + (f" via its root {target}" if target != entry.chat_id else "")
         self._record(entry, "archived", rec=rec, policy=policy, action="archive", detail=what)
+
+    async def _invalid(
+        self,
+        entry: SweepEntry,
+        rec: ChatRecord | None,
+        policy: SweepPolicy,
+        exc: CoderError,
+        *,
+        client: CoderClient,
+        target: str | None = None,
+    ) -> None:
+        """409 "Chat is in an invalid state.": say so (audit, stuck alerts); reconcile only
+        when opted in and the server has the route; never count it as done."""
+        chat_id = target or entry.chat_id
+        said = f"execution state invalid: coderd answered 409 {exc.message!r}"
+        if self.on_invalid is not None:
+            self.on_invalid(entry.identity, entry.chat_id, exc.message)
+        if not self.config.reconcile_invalid or entry.identity in self._reconcile_missing:
+            self._record(
+                entry,
+                "invalid",
+                rec=rec,
+                policy=policy,
+                action="none",
+                detail=f"{said}; left alone (sweep.reconcile_invalid is off)"
+                if entry.identity not in self._reconcile_missing
+                else f"{said}; this server has no reconcile-invalid route",
+            )
+            return
+        await self._limiter(entry.identity).acquire()
+        try:
+            await client.reconcile_invalid(chat_id)
+        except CoderError as err:
+            if err.status == 404:
+                self._reconcile_missing.add(entry.identity)
+                log.warning(
+                    "sweep.reconcile_invalid_unsupported",
+                    identity=entry.identity,
+                    note="this Coder server has no POST …/reconcile-invalid; said once",
+                )
+                self._record(
+                    entry,
+                    "invalid",
+                    rec=rec,
+                    policy=policy,
+                    action="none",
+                    detail=f"{said}; this server has no reconcile-invalid route",
+                )
+                return
+            self._retry(entry, rec, policy, f"reconcile-invalid failed: {err}")
+            return
+        self.counts["reconciled"] += 1
+        # Reconciled: the chat is now in `error`; later passes treat it like any other.
+        entry = replace(entry, state="retry", updated=time.time(), detail="reconciled")
+        self.db.sweep_put(entry)
+        self._audit(
+            entry,
+            action="reconcile_invalid",
+            rec=rec,
+            policy=policy,
+            dry_run=False,
+            detail=f"{said}; reconcile-invalid accepted (the chat moves to error)",
+        )
 
     def _retry(
         self, entry: SweepEntry, rec: ChatRecord | None, policy: SweepPolicy, detail: str

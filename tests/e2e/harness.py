@@ -128,6 +128,7 @@ class DaemonProcess:
         extra: dict[str, Any] | None = None,
         state_dir: Path | None = None,
         env: dict[str, str] | None = None,
+        identity_extra: dict[str, Any] | None = None,
     ) -> None:
         self.tmp = tmp
         self.sim = sim
@@ -148,6 +149,7 @@ class DaemonProcess:
                     "token_file": str(token_file),
                     "unhealthy_after": "2s",
                     "labels": {"team": name},
+                    **(identity_extra or {}),
                 }
             )
         config: dict[str, Any] = {
@@ -159,7 +161,7 @@ class DaemonProcess:
                 "pending": "3s",
                 "default": "3s",
             },
-            "reconcile_interval": "2s",
+            "reconcile_interval": "5s",  # the configured floor
             "server": {"listen": self.listen},
             "state_dir": str(state_dir or tmp / "state"),
         }
@@ -218,7 +220,7 @@ class DaemonProcess:
         await eventually(lambda: self._answers("/healthz"), within=within)
 
     async def wait_ready(self, within: float = 20.0) -> None:
-        """Until /readyz: every identity seeded once."""
+        """Until /readyz: every identity's first seed attempt made (seeded, or refused)."""
         await eventually(lambda: self._answers("/readyz"), within=within)
 
     async def status(self) -> dict[str, Any]:

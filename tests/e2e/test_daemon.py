@@ -44,7 +44,7 @@ async def test_silent_transition_is_caught_by_reconcile(
     chat = await sim.add_chat("alice", status="running")
     await eventually(lambda: d.firing("ChatStuck"), within=10)
     await sim.set_status(chat, "waiting", silent=True)
-    await eventually(lambda: d.resolved("ChatStuck"), within=6)
+    await eventually(lambda: d.resolved("ChatStuck"), within=12)
     doc = await d.status()
     assert doc["store"]["synthesized"] >= 1
     assert any(e.get("event") == "transition.synthesized" for e in d.log_events())
@@ -69,7 +69,7 @@ async def test_silent_archive_and_delete_resolve(
     await eventually(both_firing, within=10)
     await sim.admin("POST", f"/chats/{a}/archive", {})
     await sim.admin("DELETE", f"/chats/{b}")
-    await eventually(both_resolved, within=8)
+    await eventually(both_resolved, within=12)
     tombstones = [e for e in d.log_events() if e.get("event") == "chat.tombstoned"]
     assert {e["chat_id"] for e in tombstones} >= {a, b}
 

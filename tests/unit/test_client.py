@@ -73,7 +73,7 @@ async def test_listing_pages_dedupes_and_flattens(sim: Sim, session: aiohttp.Cli
     sim.state.add_chat(alice, title="child", status="running", parent=roots[3])
     sim.state.add_chat(bob, title="not mine")
     events = RecordingSink()
-    chats = await client_for(sim, alice, session, events).list_chats()
+    chats = await client_for(sim, alice, session, events, page_size=100).list_chats()
     assert len(chats) == 251 and len({c.id for c in chats}) == 251
     assert any(c.parent_chat_id == roots[3].id for c in chats)
     pages = [e for e in events.of_type("http:request") if "/chats?" in e["path"]]
@@ -240,11 +240,12 @@ async def test_network_error_is_retryable(session: aiohttp.ClientSession) -> Non
 
 
 async def test_pagination_validation_is_strict(sim: Sim, session: aiohttp.ClientSession) -> None:
-    """The simulator rejects limit>100, bare words in q and unknown keys with 400."""
+    """The simulator rejects a negative or over-int32 limit, bare words in q, unknown keys."""
     alice = sim.state.add_user("alice")
     t = Transport(base_url=sim.url, token=alice.token, session=session)
     for params in (
-        [("limit", "101")],
+        [("limit", "-1")],
+        [("limit", "2147483648")],
         [("q", "stuck")],
         [("q", "status:running")],
         [("after_id", "not-a-uuid")],

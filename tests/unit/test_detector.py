@@ -432,3 +432,57 @@ async def test_chat_failed_is_opt_in(enabled: bool) -> None:
         r.see("c1", "error", r.clock.now())
         await r.settle()
         assert r.sink.names() == ([("ChatFailed", "firing")] if enabled else [])
+
+
+async def test_chat_details_become_annotations() -> None:
+    """mode, client_type, context.error and warnings ride along on a stuck alert."""
+    async with rig(Budgets(running=300)) as r:
+        r.ready()
+        r.see(
+            "c1",
+            "running",
+            r.clock.now() - 400,
+            mode="orchestrator",
+            client_type="api",
+            context_error="context window exceeded",
+            warnings=("model deprecated",),
+        )
+        await r.settle()
+        (alert,) = r.sink.alerts
+        got = {k: alert.annotations.get(k) for k in ("mode", "client_type", "context_error")}
+        assert got == {
+            "mode": "orchestrator",
+            "client_type": "api",
+            "context_error": "context window exceeded",
+        }
+        assert alert.annotations["warnings"] == "model deprecated"
+
+
+async def test_an_invalid_execution_state_is_said_on_the_stuck_alert() -> None:
+    """When a mutation finds the state invalid, the firing alert is re-sent saying so (same
+    fingerprint), and the note clears once the chat leaves the status."""
+    async with rig(Budgets(running=300)) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 400)
+        await r.settle()
+        (first,) = r.sink.alerts
+        assert "execution_state" not in first.annotations
+        r.det.note_invalid("a", "c1", "Chat is in an invalid state.")
+        second = r.sink.alerts[-1]
+        assert second.fingerprint == first.fingerprint and second.firing
+        assert second.annotations["execution_state"] == "invalid: Chat is in an invalid state."
+        assert "reconcile-invalid" in second.annotations["hint"]
+        r.see("c1", "error", r.clock.now())
+        assert ("a", "c1") not in r.det.invalid
+
+
+async def test_an_event_stamped_1970_does_not_fire() -> None:
+    """A watch event whose updated_at is before the chat's created_at is no clock: the chat
+    is not 56 years past its budget, and nothing fires."""
+    async with rig(Budgets(running=300)) as r:
+        r.ready()
+        r.see("c1", "running", 0.0, created_raw="2026-11-28T10:00:00Z")
+        await r.settle()
+        assert r.sink.alerts == []
+        rec = r.store.get("a", "c1")
+        assert rec is not None and rec.since > 1_000_000_000

@@ -123,3 +123,24 @@ def test_embedded_watchd_config_is_valid(manifest: str) -> None:
     docs = _docs(ROOT / "deploy" / "kubernetes" / manifest)
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     parse_config(yaml.safe_load(cm["data"]["watchd.yaml"]))  # type: ignore[index]
+
+
+def test_building_the_package_warns_about_nothing_deprecated(tmp_path: Path) -> None:
+    """Building the wheel (fresh build backend, as pip does) prints no deprecation warning."""
+    src = tmp_path / "src"  # a copy: the build leaves build/ and *.egg-info behind
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "watchd", src / "watchd", ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(tmp_path), str(src)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    assert "deprecated" not in out.lower(), [
+        line for line in out.splitlines() if "deprecat" in line.lower()
+    ]

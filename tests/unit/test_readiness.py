@@ -17,17 +17,18 @@ def _health() -> IdentityHealth:
     )
 
 
-@pytest.mark.parametrize("state", ["starting", "seeding"])
+@pytest.mark.parametrize("state", ["starting", "seeding", "reconnecting"])
 def test_an_attempt_under_way_is_not_an_attempt_made(state: str) -> None:
-    """Before the first listing ends (connecting, seeding) readiness waits."""
+    """Before the first attempt ends conclusively (connecting, seeding, a stream that
+    closed mid-seed and is retried at once) readiness waits."""
     h = _health()
     h.set_state(state)
     assert not h.attempted_once and not h.seeded_once
 
 
-@pytest.mark.parametrize("state", ["auth_failed", "not_found", "unreachable", "reconnecting"])
+@pytest.mark.parametrize("state", ["auth_failed", "not_found", "unreachable"])
 def test_a_failed_first_attempt_counts_and_stays_counted(state: str) -> None:
-    """A first attempt that ends without a seed counts, and a later retry does not undo it."""
+    """A first attempt that fails conclusively counts, and a later retry does not undo it."""
     h = _health()
     h.set_state("seeding")
     h.set_state(state)

@@ -130,3 +130,42 @@ async def test_simulator_concurrency_cap(sim: Sim, session: aiohttp.ClientSessio
     assert second.status == "running" and second.updated_at == updated
     await asyncio.sleep(0.5)
     assert second.status == "waiting"
+
+
+def test_orchestrator_chats_are_swept_only_by_a_policy_that_names_them() -> None:
+    """A chat in mode orchestrator matches no policy unless the policy has a mode matcher;
+    every policy can match on mode."""
+    store = ChatStore()
+    for cid, mode in (("orc", "orchestrator"), ("exp", "explore")):
+        store.observe(
+            "a",
+            Chat(id=ChatId(cid), status="running", updated_at=0.0, mode=mode),
+            now=0.0,
+            via="listing",
+        )
+    plain = SweepConfig.model_validate(
+        {
+            "policies": [
+                {"name": "p", "status": ["running"], "older_than": "1s", "action": "interrupt"}
+            ]
+        }
+    )
+    named = SweepConfig.model_validate(
+        {
+            "policies": [
+                {
+                    "name": "orc",
+                    "status": ["running"],
+                    "older_than": "1s",
+                    "matchers": ['mode="orchestrator"'],
+                    "action": "interrupt",
+                }
+            ]
+        }
+    )
+    orc, exp = store.get("a", "orc"), store.get("a", "exp")
+    assert orc is not None and exp is not None
+    assert match_policy(compile_policies(plain), orc, now=10.0, labels={}) is None
+    assert match_policy(compile_policies(plain), exp, now=10.0, labels={}) is not None
+    assert match_policy(compile_policies(named), orc, now=10.0, labels={}) is not None
+    assert match_policy(compile_policies(named), exp, now=10.0, labels={}) is None

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
-from watchd.daemon import status
+from watchd.daemon import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def exported_families() -> set[str]:
-    source = Path(status.__file__).read_text()
+    source = Path(metrics.__file__).read_text()
     return set(re.findall(r'"(watchd_[a-z_]+)"', source))
 
 
@@ -27,3 +30,59 @@ def test_rules_reference_only_exported_metrics() -> None:
             assert rule["alert"] and rule["expr"] and rule["annotations"]["summary"]
             used |= set(re.findall(r"\b(watchd_[a-z_]+)", str(rule["expr"])))
     assert used and used <= exported, sorted(used - exported)
+
+
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if not found:
+        pytest.skip("promtool missing: tests/setup/system-deps installs it (root and apt)")
+    return found
+
+
+def test_promtool_rule_unit_tests_pass() -> None:
+    """`promtool test rules` passes every case in alerts/watchd.rules.test.yml."""
+    r = subprocess.run(
+        [promtool(), "test", "rules", str(ROOT / "alerts" / "watchd.rules.test.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_rule_has_a_firing_and_a_quiet_case() -> None:
+    """Each rule is tested both where it must fire and where it must stay silent."""
+    rules = yaml.safe_load((ROOT / "alerts" / "watchd.rules.yml").read_text())
+    names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    tests = yaml.safe_load((ROOT / "alerts" / "watchd.rules.test.yml").read_text())["tests"]
+    fires: set[str] = set()
+    quiet: set[str] = set()
+    for t in tests:
+        for case in t["alert_rule_test"]:
+            if case["exp_alerts"]:
+                fires.add(case["alertname"])
+                # Input series that the expected alerts leave out must not alert.
+                if len(t["input_series"]) > len(case["exp_alerts"]):
+                    quiet.add(case["alertname"])
+            else:
+                quiet.add(case["alertname"])
+    assert fires == names and quiet == names
+
+
+def test_notifications_failing_needed_ignoring_outcome(tmp_path: Path) -> None:
+    """With a plain `and` (as shipped in 0.1) the failing-receiver case gets no alert."""
+    rules = (ROOT / "alerts" / "watchd.rules.yml").read_text()
+    assert "and ignoring(outcome) increase" in rules
+    (tmp_path / "watchd.rules.yml").write_text(rules.replace("and ignoring(outcome)", "and"))
+    (tmp_path / "t.yml").write_text((ROOT / "alerts" / "watchd.rules.test.yml").read_text())
+    r = subprocess.run(
+        [promtool(), "test", "rules", str(tmp_path / "t.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert r.returncode == 1
+    out = r.stdout + r.stderr
+    assert "WatchdNotificationsFailing" in out and "got:[]" in out.replace(" ", "")

@@ -413,3 +413,57 @@ def test_bare_ndjson_events_need_a_sender() -> None:
             content_type="application/x-ndjson",
             query={},
         )
+
+
+def test_work_per_event_does_not_grow_with_open_pairs() -> None:
+    """With 20 000 open request pairs and 200 open segments, 1 000 redials and 200 settles
+    look at O(1) open pairs each (the converter indexes by sender and chat)."""
+    conv = SpanConverter(rng=random.Random(1), max_open=50_000)
+    chats = [f"0b7c0000-0000-4000-8000-{i:012d}" for i in range(200)]
+    for i in range(20_000):
+        conv.feed(SRC, ev("http:request", i, id=f"r{i}", method="GET", path="/api/v2/chats"))
+    for i, chat in enumerate(chats):
+        conv.feed(SRC, ev("segment:start", i, segment=i, chatId=chat))
+        conv.feed(SRC, ev("ws:dial", i, chatId=chat, reader=1, attempt=1))
+    for i in range(1_000):
+        conv.feed(SRC, ev("ws:redial", 100 + i, chatId=chats[i % 200], reader=1, attempt=2))
+    assert conv.counters["scanned"] <= 1_000
+    for i, chat in enumerate(chats):
+        (span,) = conv.feed(SRC, ev("segment:settle", 2_000 + i, segment=i, chatId=chat, reader=1))
+        assert len(span.links) == 1 and len(span.events) == 5
+    assert conv.counters["scanned"] <= 1_000 + 2 * 200
+
+
+def test_redials_waiting_for_a_connection_are_capped() -> None:
+    """Redials with no segment or connection to carry them keep only the latest few."""
+    conv = SpanConverter(rng=random.Random(1))
+    for i in range(100):
+        conv.feed(SRC, ev("ws:redial", i, chatId=CHAT, reader=1, attempt=i))
+    conv.feed(SRC, ev("ws:dial", 200, chatId=CHAT, reader=1, attempt=100))
+    (span,) = conv.feed(SRC, ev("ws:close", 300, chatId=CHAT, reader=1, attempt=100, code=1000))
+    assert len(span.events) == 32 and conv.counters["redials_dropped"] == 68
+    assert span.events[-1].attributes["coder.attempt"] == 99
+
+
+async def test_the_pipeline_gives_the_loop_back_between_batches() -> None:
+    """A queue of 5 000 events is converted in batches with the loop running in between,
+    so a flood never holds the event loop (and /healthz) for its whole length."""
+    import asyncio
+
+    from watchd.telemetry.pipeline import BATCH, SpanPipeline
+
+    pipeline = SpanPipeline(converter=SpanConverter(rng=random.Random(1)), export=None)
+    for i in range(5_000):
+        pipeline.sink.queue.put_nowait((SRC, ev("http:request", i, id=f"r{i}", path="/x")))
+    ticks = 0
+    task = asyncio.create_task(pipeline.run())
+    try:
+        while not pipeline.sink.queue.empty():
+            ticks += 1
+            await asyncio.sleep(0)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert pipeline.batches >= 5_000 // (BATCH + 1)
+    assert ticks >= pipeline.batches - 1

@@ -62,16 +62,29 @@ def test_listing_difference_is_synthesized_transition() -> None:
     assert s.synthesized == 1
 
 
-def test_listing_tombstones_vanished_but_spares_newer_observations() -> None:
-    """A chat absent from a complete listing is tombstoned unless seen after it started."""
+def test_listing_marks_missing_chats_absent_but_keeps_them() -> None:
+    """A chat missing from a complete listing becomes absent, record and clock untouched;
+    one seen after the listing started is spared; a second listing counts two."""
     s = ChatStore()
     s.observe("a", chat("old", "running", 100.0), now=100.0, via="watch", kind="created")
     s.observe("a", chat("new", "running", 300.0), now=301.0, via="watch", kind="created")
-    changes = s.apply_listing("a", [], now=302.0, started=300.5)
-    assert [(c.kind, c.record.chat_id, c.reason) for c in changes] == [
-        ("tombstone", "old", "vanished")
-    ]
-    assert s.get("a", "new") is not None
+    before = s.get("a", "old")
+    assert s.apply_listing("a", [], now=302.0, started=300.5) == []
+    assert s.absent("a") == {"old": 1}
+    assert s.get("a", "old") == before
+    assert s.finish_listing("a", set(), started=400.0) == {"old": 2, "new": 1}
+
+
+def test_a_sighting_clears_absence_and_keeps_the_clock() -> None:
+    """A chat the cursor skipped that turns up again keeps its original clock and source."""
+    s = ChatStore()
+    s.observe("a", chat("c1", "running", 100.0), now=100.0, via="watch", kind="status_change")
+    s.finish_listing("a", set(), started=200.0)
+    change = s.observe("a", chat("c1", "running", 250.0), now=260.0, via="listing")
+    rec = s.get("a", "c1")
+    assert change is not None and change.kind == "refresh"
+    assert rec is not None and (rec.since, rec.clock) == (100.0, "transition")
+    assert s.absent("a") == {}
 
 
 def test_archived_and_deleted_tombstone() -> None:
@@ -108,6 +121,10 @@ def test_capacity_bound_counts_overflow() -> None:
     assert len(s) == 2 and s.overflow == 1
 
 
+# The listing rows below are stamped 2026-11-29T10:00:00Z; observations happen just after.
+T = 1_795_946_400.0
+
+
 def _row(
     cid: str, status: str = "running", updated: str = "2026-11-29T10:00:00Z", **kw: object
 ) -> dict[str, object]:
@@ -138,11 +155,11 @@ def test_listing_rows_fast_path_agrees_with_parse_and_observe(row: dict[str, obj
     seeded = _row("c1")
     fast, slow = ChatStore(), ChatStore()
     for s in (fast, slow):
-        s.observe("a", parse_chat(seeded), now=100.0, via="listing")
-    got = fast.observe_rows("a", [row], now=200.0, present=set())
+        s.observe("a", parse_chat(seeded), now=T + 100.0, via="listing")
+    got = fast.observe_rows("a", [row], now=T + 200.0, present=set())
     want = []
     for c in flatten([parse_chat(row)]):
-        change = slow.observe("a", c, now=200.0, via="listing")
+        change = slow.observe("a", c, now=T + 200.0, via="listing")
         if change is not None:
             want.append(change)
     assert [(c.kind, c.record) for c in got] == [(c.kind, c.record) for c in want]
@@ -152,26 +169,31 @@ def test_listing_rows_fast_path_agrees_with_parse_and_observe(row: dict[str, obj
 def test_unchanged_listing_row_is_seen_without_parsing() -> None:
     """An unchanged row only moves the last-seen time, so the listing spares it from tombstoning."""
     s = ChatStore()
-    s.observe("a", parse_chat(_row("c1")), now=100.0, via="listing")
+    s.observe("a", parse_chat(_row("c1")), now=T + 100.0, via="listing")
     present: set[str] = set()
-    assert s.observe_rows("a", [_row("c1")], now=200.0, present=present) == []
+    assert s.observe_rows("a", [_row("c1")], now=T + 200.0, present=present) == []
     assert present == {"c1"}
-    assert s.finish_listing("a", present, started=150.0) == []
-    assert s.finish_listing("a", set(), started=250.0)[0].reason == "vanished"
+    assert s.finish_listing("a", present, started=T + 150.0) == {}
+    assert s.finish_listing("a", set(), started=T + 250.0) == {"c1": 1}
 
 
 def test_bad_listing_row_names_its_index() -> None:
     """A row that cannot be read raises a PayloadError naming it."""
     s = ChatStore()
     with pytest.raises(PayloadError, match=r"chats\[1\]\.updated_at"):
-        s.observe_rows("a", [_row("c1"), _row("c2", updated="yesterday")], now=1.0, present=set())
+        s.observe_rows(
+            "a", [_row("c1"), _row("c2", updated="yesterday")], now=T + 1.0, present=set()
+        )
 
 
 def test_long_title_does_not_refresh_every_listing() -> None:
     """A title longer than what is kept compares equal to itself on the next listing."""
     s = ChatStore()
-    s.observe("a", parse_chat(_row("c1", title="y" * 400)), now=100.0, via="listing")
-    assert s.observe("a", parse_chat(_row("c1", title="y" * 400)), now=200.0, via="listing") is None
+    s.observe("a", parse_chat(_row("c1", title="y" * 400)), now=T + 100.0, via="listing")
+    assert (
+        s.observe("a", parse_chat(_row("c1", title="y" * 400)), now=T + 200.0, via="listing")
+        is None
+    )
 
 
 async def test_threaded_state_flush_commits_off_the_loop_and_in_order(tmp_path: Path) -> None:
@@ -195,3 +217,35 @@ async def test_threaded_state_flush_commits_off_the_loop_and_in_order(tmp_path: 
     assert [(r.status, r.version) for r in db.load_chats()] == [("waiting", 2)]
     assert threads[0] != threading.get_ident() and threads[1] == threading.get_ident()
     db.close()
+
+
+def test_a_stamp_from_the_future_is_clamped_and_cannot_freeze_a_chat() -> None:
+    """An updated_at an hour ahead of the server clock is clamped to now (counted), so later
+    events and listing rows still apply instead of looking stale."""
+    s = ChatStore()
+    s.observe("a", chat("c1", "running", T + 3600), now=T, via="watch", kind="status_change")
+    rec = s.get("a", "c1")
+    assert rec is not None and rec.updated_at == T and s.future_clamped == {"a": 1}
+    s.observe("a", chat("c1", "waiting", T + 5), now=T + 6, via="watch", kind="status_change")
+    rec = s.get("a", "c1")
+    assert rec is not None and (rec.status, rec.since) == ("waiting", T + 5)
+
+
+def test_a_stamp_before_the_chat_was_created_is_not_a_clock() -> None:
+    """An event stamped 1970 for a chat created yesterday starts its clock at the
+    observation, not 56 years ago (counted)."""
+    s = ChatStore()
+    c = replace(chat("c1", "running", 0.0), created_raw="2026-11-28T10:00:00Z")
+    s.observe("a", c, now=T, via="watch", kind="status_change")
+    rec = s.get("a", "c1")
+    assert rec is not None and rec.since == T and s.before_created == {"a": 1}
+
+
+def test_a_confirmation_read_is_authoritative() -> None:
+    """A GET whose updated_at is older than what we hold still applies: the server's answer
+    now is the truth about the status."""
+    s = ChatStore()
+    s.observe("a", chat("c1", "running", T + 10), now=T + 10, via="watch", kind="status_change")
+    assert s.observe("a", chat("c1", "waiting", T), now=T + 20, via="listing") is None
+    change = s.observe("a", chat("c1", "waiting", T), now=T + 20, via="confirm")
+    assert change is not None and change.kind == "transition"

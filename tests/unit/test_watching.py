@@ -34,6 +34,7 @@ FAST = WatchSettings(
     backoff_cap=0.4,
     healthy_after=5.0,
     auth_retry=0.3,
+    auth_confirm_after=0.2,
 )
 
 
@@ -190,7 +191,7 @@ async def test_seed_then_stream(sim: Sim, session: aiohttp.ClientSession) -> Non
         listing = next(
             i
             for i, (_, e) in enumerate(r.events.events)
-            if e["type"] == "http:request" and "limit=100" in e["path"]
+            if e["type"] == "http:request" and "limit=500" in e["path"]
         )
         assert types.index("ws:open") < listing, "the socket opens before the seed listing"
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from watchd import logs
-from watchd.alerting.model import Alert
+from watchd.alerting.model import Alert, live
 from watchd.alerting.receivers.base import Notification, Notifier, NotifyError
 from watchd.alerting.routing import Route
 from watchd.alerting.silencing import Inhibitor, Silencer
@@ -48,7 +48,10 @@ class ReceiverStats:
     dropped: int = 0
     last_error: str = ""
     last_success: float | None = None
+    last_failure: float | None = None
     permanent_failures: int = 0
+    # Group keys whose last flush failed transiently: retried on their next flush.
+    retrying: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -114,6 +117,8 @@ class Dispatcher:
         self.muted = {"silenced": 0, "inhibited": 0}
         self.group_overflow = 0
         self._closing = False
+        # Told (receiver, seconds from first attempt to acceptance) after each delivery.
+        self.on_delivered: Callable[[str, float], None] | None = None
 
     # -- intake ---------------------------------------------------------------------
 
@@ -172,6 +177,8 @@ class Dispatcher:
             await self.flush(group)
             if not group.alerts:
                 self.groups.pop((group.route.receiver, group.key), None)
+                if group.route.receiver in self.stats:
+                    self.stats[group.route.receiver].retrying.discard(group.key)
                 return
             await asyncio.sleep(group.route.group_interval)
 
@@ -200,7 +207,8 @@ class Dispatcher:
             receiver=receiver,
             group_key=group.key,
             group_labels=group.labels,
-            alerts=tuple(sorted(alerts, key=lambda a: a.starts_at)),
+            # Time in status as of this send: a repeat says how long it has been by now.
+            alerts=tuple(live(a, now) for a in sorted(alerts, key=lambda a: a.starts_at)),
             external_url=self.external_url,
         )
         loop = asyncio.get_running_loop()
@@ -210,13 +218,16 @@ class Dispatcher:
             else min(MAX_FLUSH, max(5.0, group.route.group_interval))
         )
         backoff = Backoff(base=1.0, cap=30.0)
+        first_attempt = loop.time()
         while True:
             await self.limiters[receiver].acquire()
             try:
                 await notifier.notify(notification)
             except NotifyError as exc:
                 stats.last_error = str(exc)
+                stats.last_failure = self.wall.now()
                 if not exc.retryable:
+                    stats.retrying.discard(group.key)
                     stats.failed += 1
                     stats.permanent_failures += 1
                     log.error(
@@ -226,6 +237,7 @@ class Dispatcher:
                         note="permanent failure: fix the receiver's configuration",
                     )
                     return False
+                stats.retrying.add(group.key)  # until a send of this group succeeds
                 delay = backoff.next()
                 if exc.retry_after is not None:
                     delay = max(delay, exc.retry_after)
@@ -243,7 +255,10 @@ class Dispatcher:
                 continue
             break
         stats.sent += 1
+        stats.retrying.discard(group.key)
         stats.last_success = self.wall.now()
+        if self.on_delivered is not None:
+            self.on_delivered(receiver, loop.time() - first_attempt)
         # In a worker thread: it may wait for the state flusher's commit.
         await asyncio.to_thread(
             self.db.nflog_put,

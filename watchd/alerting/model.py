@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TextIO
 
+from watchd.config import format_duration
+
 
 @dataclass(frozen=True)
 class Alert:
@@ -47,6 +49,63 @@ class Alert:
             "starts_at": self.starts_at,
             "ends_at": self.ends_at,
         }
+
+
+def _age_at(alert: Alert, at: float) -> float | None:
+    """Time in status at ``at``: the age measured when it fired (on the server's clock)
+    plus the host time since, so host/server skew never enters the difference."""
+    base = alert.annotations.get("time_in_status_seconds")
+    if base is None:
+        return None
+    try:
+        fired_age = float(base)
+    except ValueError:
+        return None
+    return fired_age + max(0.0, at - alert.starts_at)
+
+
+def live(alert: Alert, now: float) -> Alert:
+    """The alert as of ``now``: time in status computed when rendered or sent, not frozen
+    at fire time. A resolved alert's age stopped at its end."""
+    if not alert.firing:  # resolution() already fixed how long it lasted
+        return alert
+    age = _age_at(alert, now)
+    if age is None:
+        return alert
+    ann = dict(alert.annotations)
+    old, new = ann.get("time_in_status", ""), format_duration(age)
+    ann["time_in_status"] = new
+    ann["time_in_status_seconds"] = f"{age:.0f}"
+    if alert.firing and old and old != new and "summary" in ann:
+        ann["summary"] = ann["summary"].replace(f"for {old}", f"for {new}", 1)
+    return replace(alert, annotations=ann)
+
+
+def resolution(alert: Alert, *, at: float, why: str) -> Alert:
+    """The resolved alert, saying how long the condition lasted and why it ended
+    ("left running for waiting", "chat archived", "chat gone", "identity recovered")."""
+    ann = dict(alert.annotations)
+    age = _age_at(alert, at)
+    lasted = format_duration(age if age is not None else max(0.0, at - alert.starts_at))
+    labels = alert.labels
+    title = ann.get("title")
+    if alert.name == "ChatStalled" and title is not None:
+        what = f'Chat "{title}" made no server-side progress for {lasted}'
+    elif title is not None and age is not None:
+        what = f'Chat "{title}" was {labels.get("status", "?")} for {lasted}'
+        if ann.get("budget"):
+            what += f" (budget {ann['budget']})"
+    elif alert.name == "IdentityUnhealthy":
+        what = f"Identity {labels.get('identity', '?')} could not watch for {lasted}"
+    else:
+        what = f"{alert.name} fired for {lasted}"
+    ann["summary"] = f"{what}; resolved: {why}"
+    ann["resolved_reason"] = why
+    ann["lasted"] = lasted
+    if age is not None:
+        ann["time_in_status"] = lasted
+        ann["time_in_status_seconds"] = f"{age:.0f}"
+    return replace(alert, annotations=ann, ends_at=at)
 
 
 def fingerprint(*parts: str | float) -> str:

@@ -42,10 +42,23 @@ class Backoff:
         self.failures = 0
 
 
-def retry_hint(headers: Mapping[str, str], *, server_now: float) -> float | None:
+# A server's hint is a floor for our wait, never a sentence: one `Retry-After: 99999`
+# must not switch an identity (or a receiver) off for a day. Past this, we try again.
+MAX_HINT = 300.0
+
+
+def retry_hint(
+    headers: Mapping[str, str], *, server_now: float, cap: float = MAX_HINT
+) -> float | None:
     """Seconds the server asks us to wait, from the first hint present:
     ``retry-after-ms``, ``Retry-After`` (seconds or HTTP-date), ``X-RateLimit-Reset``
-    (unix seconds). Dates are compared with the server's own clock."""
+    (unix seconds), at most ``cap``. Dates are compared with the server's own clock.
+    The one parser for Coder and every receiver."""
+    hint = _hint(headers, server_now=server_now)
+    return None if hint is None else min(hint, cap)
+
+
+def _hint(headers: Mapping[str, str], *, server_now: float) -> float | None:
     lowered = {k.lower(): v for k, v in headers.items()}
     ms = lowered.get("retry-after-ms")
     if ms:

@@ -10,8 +10,10 @@ bounded by a deadline so no caller waits forever.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from watchd.coder.backoff import Backoff
@@ -27,15 +29,37 @@ from watchd.coder.models import (
     parse_user,
     parse_workspace_build,
 )
-from watchd.coder.transport import Response, Transport
+from watchd.coder.transport import MAX_BODY, Response, Transport
 
 PREFIXES = ("/api/v2", "/api/experimental")
-PAGE_LIMIT = 100
-# No deployment holds a million chats per user; a listing that pages on past
-# this is a server looping on its cursor, and we stop rather than spin.
-MAX_PAGES = 10_000
+# coderd has no page-size maximum (``ParsePagination`` checks only for a non-negative
+# int32); big pages cut requests and shorten the window in which the moving cursor can
+# skip a row. See docs/coder-api.md.
+DEFAULT_PAGE_SIZE = 500
+# A listing that pages on past this is a server looping on its cursor (or inventing
+# rows): we stop rather than spin, and the listing counts as incomplete.
+MAX_PAGES = 2_000
+# A listing page may be this large per row asked for (subagents ride inside their root).
+PAGE_BYTES_PER_ROW = 64 * 1024
+MIN_PAGE_BYTES = 8 * 1024 * 1024
+# An empty page right after a full one may mean the cursor chat was deleted mid-sweep
+# (coderd's comparison with a missing row is NULL): retry from this many earlier rows.
+CURSOR_WALKBACK = 3
 # Without any hint, Coder's rate-limit window is one minute.
 DEFAULT_429_WAIT = 60.0
+
+
+@dataclass(slots=True)
+class Listing:
+    """What one paged listing proved. Only a ``complete`` listing is evidence that a
+    chat it lacks *might* be gone (and even then only after confirmation: coderd's
+    keyset cursor skips rows that move while the client pages)."""
+
+    pages: int = 0
+    rows: int = 0
+    complete: bool = False
+    # Why the listing cannot be trusted for absence (empty when complete).
+    incomplete: str = ""
 
 
 class CoderClient:
@@ -49,14 +73,21 @@ class CoderClient:
         deadline: float = 90.0,
         rng: random.Random | None = None,
         prefix: str | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        on_refused: Callable[[CoderError], None] | None = None,
     ) -> None:
         self.transport = transport
         self.attempts = attempts
         self.deadline = deadline
+        self.page_size = page_size
+        # Told about every 401/403 on any call: a revoked token shows up on whichever
+        # request comes first (coderd never re-checks an open watch socket).
+        self.on_refused = on_refused
         self._rng = rng or random.Random()
         self._prefix: str | None = prefix
         self._probe_lock = asyncio.Lock()
         self.relists = 0
+        self.incomplete_listings = 0
 
     @property
     def prefix(self) -> str | None:
@@ -72,6 +103,7 @@ class CoderClient:
         params: list[tuple[str, str]] | None = None,
         json_body: Any = None,
         retry: bool = True,
+        max_body: int = MAX_BODY,
     ) -> Response:
         backoff = Backoff(base=0.5, cap=20.0, rng=self._rng)
         loop = asyncio.get_running_loop()
@@ -81,9 +113,11 @@ class CoderClient:
             attempt += 1
             try:
                 return await self.transport.request(
-                    method, path, params=params, json_body=json_body
+                    method, path, params=params, json_body=json_body, max_body=max_body
                 )
             except CoderError as exc:
+                if exc.is_auth and self.on_refused is not None:
+                    self.on_refused(exc)
                 if not retry or not exc.retryable or attempt >= self.attempts:
                     raise
                 delay = backoff.next()
@@ -127,12 +161,18 @@ class CoderClient:
         params: list[tuple[str, str]] | None = None,
         json_body: Any = None,
         retry: bool = True,
+        max_body: int = MAX_BODY,
     ) -> Response:
         """A call under the chats prefix; a 404 re-probes once in case the server moved."""
         prefix = await self.resolve_prefix()
         try:
             return await self._call(
-                method, prefix + suffix, params=params, json_body=json_body, retry=retry
+                method,
+                prefix + suffix,
+                params=params,
+                json_body=json_body,
+                retry=retry,
+                max_body=max_body,
             )
         except CoderError as exc:
             if exc.status != 404:
@@ -141,50 +181,82 @@ class CoderClient:
             if fresh == prefix:
                 raise
             return await self._call(
-                method, fresh + suffix, params=params, json_body=json_body, retry=retry
+                method,
+                fresh + suffix,
+                params=params,
+                json_body=json_body,
+                retry=retry,
+                max_body=max_body,
             )
 
     # -- chats --------------------------------------------------------------------
 
     async def list_chats(
-        self, *, archived: bool = False, labels: dict[str, str] | None = None
+        self,
+        *,
+        archived: bool = False,
+        labels: dict[str, str] | None = None,
+        listing: Listing | None = None,
     ) -> list[Chat]:
         """Every chat this token owns (roots and their children, flattened, each once;
         a row repeated by paging keeps its position and its latest content)."""
         latest: dict[str, Chat] = {}
-        async for rows in self.chat_rows(archived=archived, labels=labels):
+        async for rows in self.chat_rows(archived=archived, labels=labels, listing=listing):
             roots = [parse_chat(row, where=f"chats[{i}]") for i, row in enumerate(rows)]
             for chat in flatten(roots):
                 latest[chat.id] = chat
         return list(latest.values())
 
     async def chat_rows(
-        self, *, archived: bool = False, labels: dict[str, str] | None = None
+        self,
+        *,
+        archived: bool = False,
+        labels: dict[str, str] | None = None,
+        listing: Listing | None = None,
     ) -> AsyncIterator[list[dict[str, Any]]]:
         """The listing one page at a time, as decoded rows (parse them with
         :func:`parse_chat`): a caller that already knows most rows need not parse them.
 
         Keyset pagination with ``after_id``; rows bumped mid-sweep can repeat and are
-        yielded again (the later copy is the newer one). Stops at a short page, or at a
-        page with nothing new (a server that ignores the cursor).
+        yielded again (the later copy is the newer one). ``listing`` (if given) is told
+        whether the sweep completed: it ends at a short page, or at an empty page after
+        a full one once an earlier cursor finds nothing new (the cursor chat may have
+        been deleted). A full page of rows already seen, a cursor that does not move, or
+        a sweep past MAX_PAGES ends it *incomplete*: nothing may be inferred from what
+        it lacks.
         """
-        base: list[tuple[str, str]] = [("limit", str(PAGE_LIMIT))]
+        lst = listing if listing is not None else Listing()
+        limit = self.page_size
+        base: list[tuple[str, str]] = [("limit", str(limit))]
         if archived:
             base.append(("q", "archived:true"))
         for key, value in sorted((labels or {}).items()):
             base.append(("label", f"{key}:{value}"))
         seen: set[str] = set()
         after: str | None = None
-        for _page in range(MAX_PAGES):
+        # Ids of the previous full page, newest cursor candidates last.
+        previous: list[str] = []
+        walked = 0
+        while True:
+            if lst.pages >= MAX_PAGES:
+                lst.incomplete = f"stopped after {MAX_PAGES} pages (a looping cursor?)"
+                break
             params = list(base)
             if after:
                 params.append(("after_id", after))
-            resp = await self._chat_call("GET", "/chats", params=params)
+            resp = await self._chat_call(
+                "GET",
+                "/chats",
+                params=params,
+                max_body=max(MIN_PAGE_BYTES, limit * PAGE_BYTES_PER_ROW),
+            )
             rows = resp.json()
             if not isinstance(rows, list):
                 raise PayloadError("chats", f"expected a JSON array, got {type(rows).__name__}")
+            lst.pages += 1
+            lst.rows += len(rows)
             fresh = 0
-            last: str | None = None
+            ids: list[str] = []
             for i, row in enumerate(rows):
                 chat_id = row.get("id") if isinstance(row, dict) else None
                 if not isinstance(chat_id, str) or not chat_id:
@@ -193,16 +265,48 @@ class CoderClient:
                 if chat_id not in seen:
                     fresh += 1
                     seen.add(chat_id)
-                last = chat_id
-            yield rows
-            if len(rows) < PAGE_LIMIT or fresh == 0 or last is None:
+                ids.append(chat_id)
+            if rows:
+                yield rows
+            if not rows and previous and walked < min(CURSOR_WALKBACK, len(previous) - 1):
+                # Empty after a full page: step the cursor back one row and ask again.
+                walked += 1
+                after = previous[-1 - walked]
+                continue
+            if len(rows) < limit:
+                if rows and fresh == 0 and walked == 0 and after is not None:
+                    lst.incomplete = "a short page held only rows already seen"
+                    break
+                lst.complete = True
                 break
-            after = last
+            if fresh == 0:
+                lst.incomplete = "a full page held only rows already seen (cursor ignored?)"
+                break
+            if ids[-1] == after:
+                lst.incomplete = "the cursor did not move"
+                break
+            previous, walked = ids, 0
+            after = ids[-1]
+        if not lst.complete:
+            self.incomplete_listings += 1
         self.relists += 1
 
     async def get_chat(self, chat_id: str) -> Chat:
+        """One chat, authoritative. On a single GET coderd omits ``queued_for_capacity``
+        when it is false (``bool,omitempty``), so absent here means false."""
         resp = await self._chat_call("GET", f"/chats/{chat_id}")
-        return parse_chat(resp.json())
+        chat = parse_chat(resp.json())
+        if chat.queued_for_capacity is None:
+            chat = dataclasses.replace(chat, queued_for_capacity=False)
+        return chat
+
+    async def reconcile_invalid(self, chat_id: str) -> Chat | None:
+        """``POST …/reconcile-invalid`` (newest servers): move a chat whose execution state
+        is invalid to ``error``. A 404 on a chat we can read means this server lacks the
+        route. Never retried blindly."""
+        resp = await self._chat_call("POST", f"/chats/{chat_id}/reconcile-invalid", retry=False)
+        body = resp.json()
+        return parse_chat(body) if isinstance(body, dict) else None
 
     async def interrupt(self, chat_id: str) -> Chat | None:
         """Ask the run to stop. Asynchronous: the answer is usually ``interrupting``

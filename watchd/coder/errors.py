@@ -1,12 +1,14 @@
 """One error type for everything Coder answers, classified retryable or permanent.
 
 The classification is what callers branch on; ``meaning`` says, for people,
-what that status means for chats (``spec/coder-chats-api.md`` §4, §6).
+what that status means for chats (docs/coder-api.md, "Errors").
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from watchd.secrets import REGISTRY
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
@@ -16,7 +18,8 @@ MEANINGS: dict[int, str] = {
     403: "token lacks permission (or a browser Origin was sent on the watch socket)",
     404: "chat gone or not visible to this token, or route absent under this API prefix",
     408: "request timed out at the server or a proxy",
-    409: "chat state conflict (not interruptible, or still active and cannot be archived)",
+    409: "chat state conflict (not interruptible, still active and cannot be archived, or its "
+    "execution state is invalid)",
     425: "server asked to retry later (too early)",
     429: "rate limited (per user and endpoint)",
     500: "Coder internal error",
@@ -79,6 +82,12 @@ class CoderError(Exception):
         return MEANINGS.get(self.status, "unexpected status")
 
     @property
+    def invalid_state(self) -> bool:
+        """409 "Chat is in an invalid state." (``writeChatInvalidState``): not "nothing to
+        do" — every mutation answers the same until ``reconcile-invalid``."""
+        return self.status == 409 and "invalid state" in self.message.lower()
+
+    @property
     def is_auth(self) -> bool:
         return self.status in (401, 403)
 
@@ -123,6 +132,9 @@ def error_from_body(
         message = body.strip()[:300]
     if not message:
         message = MEANINGS.get(status, "unexpected status")
+    # A server may echo the request's token in its error text: it stops here, before the
+    # message reaches logs, /status, alerts or scan output.
+    message, detail = REGISTRY.scrub(message), REGISTRY.scrub(detail)
     return CoderError(
         status=status,
         message=message,

@@ -59,6 +59,25 @@ class Chat:
     last_error: ChatError | None = None
     queued_for_capacity: bool | None = None
     children: tuple[Chat, ...] = field(default=())
+    # Carried into alerts when present: computer_use | explore | orchestrator (an
+    # orchestrator is one long-lived chat per user), ui | api, context.error, warnings.
+    mode: str = ""
+    client_type: str = ""
+    context_error: str = ""
+    warnings: tuple[str, ...] = ()
+    # created_at unparsed: read only when updated_at needs checking against it.
+    created_raw: str | None = None
+
+    def created(self) -> float | None:
+        """created_at as epoch seconds, or None when absent or unreadable."""
+        if self.created_at is not None:
+            return self.created_at
+        if not self.created_raw:
+            return None
+        try:
+            return timestamp(self.created_raw)
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +213,11 @@ def parse_chat(obj: Any, *, where: str = "chat") -> Chat:
     parent = get("parent_chat_id")
     root = get("root_chat_id")
     title = get("title")
+    mode = get("mode")
+    client_type = get("client_type")
+    context = get("context")
+    context_error = context.get("error") if type(context) is dict else None
+    warnings = get("warnings")
     return Chat(
         ChatId(chat_id),
         status,
@@ -216,7 +240,22 @@ def parse_chat(obj: Any, *, where: str = "chat") -> Chat:
         None if last_error is None else parse_chat_error(last_error),
         queued if type(queued) is bool else None,
         children,
+        _KINDS[mode] if type(mode) is str and mode else "",
+        _KINDS[client_type] if type(client_type) is str and client_type else "",
+        context_error[:300] if type(context_error) is str else "",
+        tuple(str(w)[:200] for w in warnings[:5]) if warnings and type(warnings) is list else (),
+        created if type(created := get("created_at")) is str else None,
     )
+
+
+# The enumerations coderd sends, interned so a hundred thousand records share them; an
+# unknown value is kept (truncated) rather than dropped.
+class _Kinds(dict[str, str]):
+    def __missing__(self, key: object) -> str:
+        return str(key)[:40]
+
+
+_KINDS = _Kinds({k: k for k in ("computer_use", "explore", "orchestrator", "ui", "api")})
 
 
 def flatten(chats: list[Chat]) -> list[Chat]:

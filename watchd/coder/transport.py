@@ -20,12 +20,25 @@ from urllib.parse import urlencode
 import aiohttp
 import orjson
 
+from watchd import logs
 from watchd.clock import ServerClock
 from watchd.coder.backoff import retry_hint
-from watchd.coder.errors import CoderError, error_from_body
+from watchd.coder.errors import CoderError, PayloadError, error_from_body
 from watchd.telemetry.events import EventSink, EventSource, NullSink, now_ms
 
 USER_AGENT = "watchd/0.1 (+https://github.com/coder/coder chats monitor)"
+# Every body read from Coder is bounded: a server (or a proxy) that streams forever must
+# not fill our memory. Listing pages get a bound scaled to the page size by the client.
+MAX_BODY = 4 * 1024 * 1024
+# The watch upgrade must complete in this long (a server that accepts the TCP connection
+# and never answers would otherwise hold the dial for aiohttp's five-minute default).
+HANDSHAKE_TIMEOUT = 30.0
+
+log = logs.get("watchd.coder")
+
+
+class OversizeResponse(PayloadError):
+    """A response body longer than the bound for its kind of request."""
 
 
 class RateLimiter:
@@ -102,6 +115,10 @@ class Transport:
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, 10.0))
         self._ids = itertools.count(1)
         self.requests = 0
+        self.handshake_timeout = HANDSHAKE_TIMEOUT
+        # Reads cut at their bound, and watch upgrades that never completed.
+        self.oversize = 0
+        self.handshake_timeouts = 0
 
     def set_token(self, token: str) -> None:
         self._token = token
@@ -124,8 +141,10 @@ class Transport:
         *,
         params: list[tuple[str, str]] | None = None,
         json_body: Any = None,
+        max_body: int = MAX_BODY,
     ) -> Response:
-        """One HTTP exchange. Non-2xx answers raise :class:`CoderError` (with hints)."""
+        """One HTTP exchange. Non-2xx answers raise :class:`CoderError` (with hints); a
+        body over ``max_body`` bytes raises :class:`OversizeResponse` (counted)."""
         await self.limiter.acquire()
         full_path = path + ("?" + urlencode(params) if params else "")
         rid = f"{self.identity}-{next(self._ids)}"
@@ -150,9 +169,30 @@ class Transport:
                 timeout=self._timeout,
                 allow_redirects=False,
             ) as resp:
-                body = await resp.read()
                 status = resp.status
                 headers = {k: v for k, v in resp.headers.items()}
+                body = await self._read(resp, max_body)
+        except OversizeResponse as exc:
+            self.oversize += 1
+            log.warning(
+                "coder.response_too_large",
+                identity=self.identity,
+                method=method,
+                path=path,
+                limit_bytes=max_body,
+            )
+            self._emit(
+                {
+                    "type": "http:error",
+                    "timestamp": now_ms(),
+                    "id": rid,
+                    "method": method,
+                    "path": full_path,
+                    "message": str(exc)[:300],
+                    "durationMs": round((time.monotonic() - started) * 1000, 1),
+                }
+            )
+            raise
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             duration = (time.monotonic() - started) * 1000
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -199,6 +239,24 @@ class Transport:
             )
         return response
 
+    @staticmethod
+    async def _read(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+        length = resp.content_length
+        if length is not None and length > limit:
+            raise OversizeResponse(
+                resp.url.path, f"response body of {length} bytes exceeds the {limit}-byte bound"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise OversizeResponse(
+                    resp.url.path, f"response body exceeds the {limit}-byte bound (cut)"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def ws_connect(
         self, path: str, *, heartbeat: float, reader: int, attempt: int
     ) -> aiohttp.ClientWebSocketResponse:
@@ -220,14 +278,21 @@ class Transport:
         )
         sent_wall = self.server_clock.wall_now()
         try:
-            ws = await self._session.ws_connect(
-                url,
-                headers=self._headers(),
-                heartbeat=heartbeat,
-                autoping=True,
-                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
-                max_msg_size=1 << 20,
-            )
+            try:
+                async with asyncio.timeout(self.handshake_timeout):
+                    ws = await self._session.ws_connect(
+                        url,
+                        headers=self._headers(),
+                        heartbeat=heartbeat,
+                        autoping=True,
+                        timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+                        max_msg_size=1 << 20,
+                    )
+            except TimeoutError:
+                self.handshake_timeouts += 1
+                raise TimeoutError(
+                    f"upgrade not completed within {self.handshake_timeout:g}s"
+                ) from None
         except aiohttp.WSServerHandshakeError as exc:
             self._emit(
                 {

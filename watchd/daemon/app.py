@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import random
+import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import aiohttp
 
 from watchd import __version__, logs
 from watchd.alerting import routing
 from watchd.alerting.dispatch import Dispatcher
-from watchd.alerting.model import Alert, AlertSink
+from watchd.alerting.model import Alert, AlertSink, fingerprint
 from watchd.alerting.receivers.build import build_all
 from watchd.alerting.silencing import (
     Inhibitor,
@@ -33,6 +36,7 @@ from watchd.alerting.silencing import (
 )
 from watchd.clock import ServerClock
 from watchd.coder.client import CoderClient
+from watchd.coder.models import Chat
 from watchd.coder.transport import RateLimiter, Transport
 from watchd.config import (
     Config,
@@ -42,16 +46,29 @@ from watchd.config import (
     load_config,
     resolve_secrets,
 )
+from watchd.daemon import reloading
+from watchd.daemon.heartbeat import Heartbeat
+from watchd.daemon.metrics import Metrics
 from watchd.daemon.notify import SdNotifier
+from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir
 from watchd.daemon.server import Server
+from watchd.daemon.statewatch import StateWatch
+from watchd.daemon.status import HISTORY_EVERY, ChatHistory
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
+from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth
-from watchd.store.chats import ChatStore
+from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.lock import StateInUse, StateLock
 from watchd.store.persistence import StateDB
 from watchd.sweeping import Sweeper
 from watchd.telemetry.events import EventSink, EventSource, NullSink, own_source
-from watchd.telemetry.export import SpanExport, build_exporter
+from watchd.telemetry.export import (
+    SpanExport,
+    build_exporter,
+    effective_otlp,
+    printable_endpoint,
+)
 from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline
 from watchd.telemetry.spans import SpanConverter
@@ -80,12 +97,43 @@ def build_telemetry(config: Config) -> SpanPipeline:
             schedule_delay=t.schedule_delay,
             batch_size=t.batch_size,
         )
-    log.info("telemetry.configured", exporter=kind, protocol=t.protocol)
+    if kind == "otlp":
+        protocol, endpoint = effective_otlp(protocol=t.protocol, endpoint=t.endpoint)
+        log.info(
+            "telemetry.configured",
+            exporter=kind,
+            protocol=protocol,
+            endpoint=printable_endpoint(endpoint),
+            service_name=own_source("").service,
+        )
+    else:
+        log.info("telemetry.configured", exporter=kind)
     return SpanPipeline(
         converter=SpanConverter(horizon_ms=int(t.pair_horizon * 1000), max_open=t.max_open_pairs),
         export=export,
         queue_size=t.ingest_queue,
     )
+
+
+class TimedConfirmer:
+    """The watcher as the detector's Confirmer, timing each confirmation read."""
+
+    def __init__(self, watcher: IdentityWatcher, observe: Callable[[float], None]) -> None:
+        self.watcher = watcher
+        self.observe = observe
+
+    async def get_chat(self, chat_id: str) -> Chat:
+        t0 = time.monotonic()
+        try:
+            return await self.watcher.get_chat(chat_id)
+        finally:
+            self.observe(time.monotonic() - t0)
+
+    async def relist(self) -> None:
+        await self.watcher.relist()
+
+    async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
+        return await self.watcher.facts(record, lookup=lookup)
 
 
 class _Pending:
@@ -96,7 +144,7 @@ class _Pending:
 
 
 def state_dir(config: Config) -> Path:
-    return Path(os.environ.get("STATE_DIRECTORY", "").split(":")[0] or config.state_dir)
+    return effective_state_dir(config.state_dir)
 
 
 class Daemon:
@@ -127,8 +175,22 @@ class Daemon:
             self.events: EventSink = events
         else:
             self.events = self.telemetry.sink if config.telemetry.own_events else NullSink()
+        self._settings_from_config = settings is None
         self.settings = settings or WatchSettings(reconcile_interval=config.reconcile_interval)
-        self.db = StateDB(state_dir(config) / "watchd.sqlite3")
+        self.last_reload: dict[str, Any] | None = None
+        try:
+            self.state_lock = StateLock.acquire(state_dir(config))
+        except StateInUse as exc:
+            raise StartupError(f"state_dir: {exc}") from None
+        except OSError as exc:
+            raise StartupError(f"state_dir: cannot lock {state_dir(config)} ({exc})") from None
+        try:
+            self.db = StateDB.open(state_dir(config) / "watchd.sqlite3")
+        except (OSError, sqlite3.Error) as exc:
+            self.state_lock.release()
+            raise StartupError(
+                f"state_dir: cannot open {state_dir(config) / 'watchd.sqlite3'} ({exc})"
+            ) from None
         loaded = self.store.load(self.db.load_chats())
         self.detector = Detector(
             store=self.store,
@@ -138,6 +200,9 @@ class Daemon:
             listing_threshold=config.detection.confirm_listing_threshold,
             chat_failed=config.detection.chat_failed,
             link_template=config.chat_link_template,
+        )
+        self.state_watch = StateWatch(
+            db=self.db, detector=self.detector, state_dir=str(state_dir(config))
         )
         self._sink_override = sink
         self.stdout = stdout
@@ -151,23 +216,13 @@ class Daemon:
         )
         self.inhibitor = Inhibitor(config.inhibit_rules)
         self.dispatcher: Dispatcher | None = None
+        self.deadman: Heartbeat | None = None
         self.health: dict[str, IdentityHealth] = {}
         self.watchers: dict[str, IdentityWatcher] = {}
         self.file_sources: list[FileSource] = []
-        self.sweeper: Sweeper | None = None
-        if config.sweep.enabled:
-            self.sweeper = Sweeper(
-                config=config.sweep,
-                store=self.store,
-                health=self.health,
-                clients=lambda n: self.watchers[n].client if n in self.watchers else None,
-                db=self.db,
-                sink=lambda: self.detector.sink,
-                audit_path=state_dir(config) / "sweep-audit.jsonl",
-                labels=lambda n: next(
-                    (i.labels for i in self.config.identities if i.name == n), {}
-                ),
-            )
+        self.sweeper: Sweeper | None = self._make_sweeper(config)
+        self.metrics = Metrics(self)
+        self.history = ChatHistory()
         self.server = Server(self, listen=config.server.listen)
         self._session: aiohttp.ClientSession | None = None
         self._gate = asyncio.Semaphore(CONCURRENT_LISTINGS)
@@ -224,15 +279,32 @@ class Daemon:
                     inhibitor=self.inhibitor,
                     external_url=self.config.server.external_url,
                 )
+                self.dispatcher.on_delivered = self._delivered
+                self.metrics.receivers(list(self.dispatcher.notifiers))
                 restored = self.dispatcher.restore()
                 self.detector.sink = self.dispatcher
                 sup.spawn("dispatch-housekeeping", self.dispatcher.run, group="core", root=True)
                 log.info("dispatch.restored", alerts=restored)
-            bound = await self.server.start()
+            try:
+                bound = await self.server.start()
+            except OSError as exc:
+                raise StartupError(bind_problem(self.config.server.listen, exc)) from None
             log.info("server.listening", listen=bound)
             sup.spawn("heartbeat", self._heartbeat, group="core", root=True)
+            if self.config.heartbeat.enabled:
+                url = self.secrets.heartbeat_url
+                self.deadman = Heartbeat(
+                    config=self.config.heartbeat,
+                    url=url.get_secret_value() if url is not None else None,
+                    notifiers=self.dispatcher.notifiers if self.dispatcher is not None else {},
+                    session=self._session,
+                    healthy=self.alive_and_seeing,
+                )
+                sup.spawn("deadman-switch", self.deadman.run, group="core", restart=True)
+            sup.spawn("status-history", self._sample_history, group="core", root=True)
             sup.spawn("detector", self.detector.run, group="core", root=True)
-            sup.spawn("state-flusher", self._flush_forever, group="core", root=True)
+            self.state_watch.start()
+            sup.spawn("state-flusher", self.state_watch.run, group="core", root=True)
             sup.spawn("systemd-notify", self._systemd, group="core", root=True)
             sup.spawn("spans", self.telemetry.run, group="core", root=True)
             if self.sweeper is not None:
@@ -278,6 +350,21 @@ class Daemon:
     def progressing(self) -> bool:
         return time.monotonic() - self.last_beat < 5.0 and not self.supervisor.dead_roots()
 
+    def alive_and_seeing(self) -> str | None:
+        """None when the dead man's switch may say "alive": the loop makes progress, no
+        root task died, every identity is ready or its IdentityUnhealthy is firing, and
+        state persists. Otherwise why not."""
+        if not self.progressing():
+            return "the event loop or a root task is not making progress"
+        for name, h in self.health.items():
+            if h.ready:
+                continue
+            if fingerprint(h.deployment, name, "IdentityUnhealthy") not in self.detector.firing:
+                return f"identity {name} is {h.state} and not yet alerted"
+        if not self.db.persisting:
+            return "state is not persisting"
+        return None
+
     async def _systemd(self) -> None:
         """READY=1 once settled, STATUS= on change, WATCHDOG=1 while the loop progresses."""
         n = self.notifier
@@ -318,6 +405,28 @@ class Daemon:
             )
             self.notifier.notify(READY="1", STATUS="reload rejected: " + exc.problems[0][:200])
             return False
+        previous = self.config
+        paths = reloading.changed(previous, config)
+        restart = reloading.needs_restart(paths)
+        if not self._settings_from_config and "reconcile_interval" in paths:
+            restart.append("reconcile_interval")  # fixed by the embedding (the demo)
+        # Settings every watcher, detector verdict or quota poll reads at start: applying
+        # them means restarting each identity (clocks and firing alerts are kept).
+        everyone = any(
+            p == "reconcile_interval"
+            or p.startswith(("detection", "quota"))
+            or p == "chat_link_template"
+            for p in paths
+        )
+        if self._settings_from_config:
+            self.settings = dataclasses.replace(
+                self.settings, reconcile_interval=config.reconcile_interval
+            )
+        d = config.detection
+        self.detector.confirm_rate = d.confirm_rate
+        self.detector.listing_threshold = d.confirm_listing_threshold
+        self.detector.chat_failed = d.chat_failed
+        self.detector.link_template = config.chat_link_template
         old = {i.name: i for i in self.config.identities}
         new = {i.name: i for i in config.identities}
         removed = sorted(old.keys() - new.keys())
@@ -332,12 +441,20 @@ class Daemon:
         self.config, self.secrets = config, secrets
         for name in removed:
             await self.remove_identity(name, forget=True)
+            self.metrics.identity_removed(name)
         for name in changed:
             # Same deployment: keep the chats' clocks and firing alerts; only restart.
             await self.remove_identity(name, forget=old[name].url != new[name].url)
             self.add_identity(new[name])
         for name in added:
             self.add_identity(new[name])
+        if everyone:
+            for name in sorted(old.keys() & new.keys()):
+                if name not in changed:
+                    await self.remove_identity(name, forget=False)
+                    self.add_identity(new[name])
+        if previous.sweep != config.sweep:
+            await self._restart_sweeper()
         self.route = routing.build(config.route)
         self.inhibitor = Inhibitor(config.inhibit_rules)
         self.silencer.replace_config(from_config(config.silences, now=time.time()))
@@ -347,10 +464,61 @@ class Daemon:
                 inhibitor=self.inhibitor,
                 notifiers=build_all(config, secrets, self._session, stdout=self.stdout),
             )
+            self.dispatcher.external_url = config.server.external_url
+            self.metrics.receivers(list(self.dispatcher.notifiers))
+        applied = [p for p in paths if p not in restart]
         self.reloads["applied"] += 1
-        log.info("reload.applied", added=added, removed=removed, changed=changed)
-        self.notifier.notify(READY="1", STATUS=self.status_line())
+        self.last_reload = {
+            "at": time.time(),
+            "applied": applied,
+            "needs_restart": restart,
+            "identities": {"added": added, "removed": removed, "changed": changed},
+        }
+        log.info(
+            "reload.applied",
+            settings=applied,
+            added=added,
+            removed=removed,
+            changed=changed,
+            needs_restart=restart,
+        )
+        for setting in restart:
+            log.warning(
+                "reload.needs_restart",
+                setting=setting,
+                note="changed in the file but not applied: restart watchd to use it",
+            )
+        status = self.status_line()
+        if restart:
+            status += f"; restart needed for {', '.join(restart)}"
+        self.notifier.notify(READY="1", STATUS=status)
         return True
+
+    def _make_sweeper(self, config: Config) -> Sweeper | None:
+        if not config.sweep.enabled:
+            return None
+        return Sweeper(
+            config=config.sweep,
+            store=self.store,
+            health=self.health,
+            clients=lambda n: self.watchers[n].client if n in self.watchers else None,
+            db=self.db,
+            sink=lambda: self.detector.sink,
+            audit_path=state_dir(config) / "sweep-audit.jsonl",
+            labels=lambda n: next((i.labels for i in self.config.identities if i.name == n), {}),
+            on_invalid=self.detector.note_invalid,
+        )
+
+    async def _restart_sweeper(self) -> None:
+        """Sweep settings changed: a new sweeper (its counts and audit trail carried over)."""
+        await self.supervisor.stop("sweep")
+        old = self.sweeper
+        self.sweeper = self._make_sweeper(self.config)
+        if self.sweeper is not None:
+            if old is not None:
+                self.sweeper.counts.update(old.counts)
+                self.sweeper.recent.extend(old.recent)
+            self.supervisor.spawn("sweep", self.sweeper.run, group="watchers", restart=True)
 
     async def remove_identity(self, name: str, *, forget: bool) -> None:
         await self.supervisor.stop(f"watch:{name}")
@@ -367,11 +535,13 @@ class Daemon:
         assert self._session is not None
         name = ident.name
         clock = ServerClock()
+        self.metrics.identity_added(name)
         health = IdentityHealth(
             name=name,
             deployment=ident.url,
             server_clock=clock,
             unhealthy_after=ident.unhealthy_after,
+            on_listing=self.metrics.listing.labels(name).observe,
         )
         transport = Transport(
             base_url=ident.url,
@@ -385,7 +555,7 @@ class Daemon:
                 rate=ident.requests_per_minute / 60.0, burst=max(5, ident.requests_per_minute // 10)
             ),
         )
-        client = CoderClient(transport)
+        client = CoderClient(transport, page_size=ident.page_size)
         watcher = IdentityWatcher(
             health=health,
             client=client,
@@ -399,7 +569,10 @@ class Daemon:
         self.health[name] = health
         self.watchers[name] = watcher
         self.detector.register(
-            health, confirmer=watcher, budgets=self.config.budgets_for(ident), labels=ident.labels
+            health,
+            confirmer=TimedConfirmer(watcher, self.metrics.confirmation.labels(name).observe),
+            budgets=self.config.budgets_for(ident),
+            labels=ident.labels,
         )
         self.supervisor.spawn(
             f"watch:{name}", watcher.watch_forever, group="watchers", restart=True
@@ -417,6 +590,9 @@ class Daemon:
             )
             self.supervisor.spawn(f"quota:{name}", quota.run, group="watchers", restart=True)
 
+    def _delivered(self, receiver: str, seconds: float) -> None:
+        self.metrics.notification.labels(receiver).observe(seconds)
+
     @staticmethod
     def _reread_token(ident: IdentityConfig) -> str:
         from watchd import secrets
@@ -433,10 +609,11 @@ class Daemon:
             self.last_beat = time.monotonic()
             await asyncio.sleep(1.0)
 
-    async def _flush_forever(self) -> None:
+    async def _sample_history(self) -> None:
+        """Chats by status per identity for the status page's last-hour chart."""
         while True:
-            await asyncio.sleep(1.0)
-            await self.db.flush_async()
+            self.history.sample(self, time.time())
+            await asyncio.sleep(HISTORY_EVERY)
 
     async def shutdown(self) -> None:
         """Ordered, deadline-bound: intake, watchers, core, state, sessions."""
@@ -455,7 +632,9 @@ class Daemon:
             await self.dispatcher.close(deadline=STOP_DEADLINES["flush"])
         with contextlib.suppress(Exception):
             await self.telemetry.close(deadline=STOP_DEADLINES["spans"])
-        self.db.close()
+        with contextlib.suppress(sqlite3.Error, OSError):
+            self.db.close()
+        self.state_lock.release()
         if self._session is not None:
             await self._session.close()
         log.info("daemon.stopped", seconds=round(time.monotonic() - t0, 2), hung=hung)

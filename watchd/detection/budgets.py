@@ -1,4 +1,4 @@
-"""Status classes and the alert each one earns (``spec/alerting.md``)."""
+"""Status classes and the alert each one earns (docs/alerting.md)."""
 
 from __future__ import annotations
 

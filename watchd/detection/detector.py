@@ -1,4 +1,4 @@
-"""The stuck detector (``spec/alerting.md``).
+"""The stuck detector (docs/alerting.md).
 
 Watchers feed it store changes; it arms one timer per chat clock on a heap
 (never scans all chats), and when a clock runs past its budget on the
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import re
 import time
@@ -24,13 +25,13 @@ from typing import Protocol
 import structlog
 
 from watchd import logs
-from watchd.alerting.model import Alert, AlertSink, fingerprint
+from watchd.alerting.model import Alert, AlertSink, fingerprint, resolution
 from watchd.clock import SystemClock, WallClock
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES, Chat
 from watchd.config import Budgets, format_duration
 from watchd.detection.budgets import alert_name, budget
-from watchd.detection.diagnosis import Facts, hint
+from watchd.detection.diagnosis import INVALID_HINT, Facts, hint
 from watchd.detection.health import IdentityHealth
 from watchd.detection.timers import TimerHeap
 from watchd.store.chats import (
@@ -132,6 +133,9 @@ class Detector:
         self._unknown_statuses: set[str] = set()
         self._label_keys: dict[str, str] = {}  # chat label key -> alert label name
         self._durations: dict[int, str] = {}
+        # (identity, chat id) -> coderd's message, for chats whose execution state a
+        # mutation found invalid (told by the sweep); cleared when the chat moves.
+        self.invalid: dict[tuple[str, str], str] = {}
         self.counters = {
             "fired": 0,
             "resolved": 0,
@@ -218,7 +222,7 @@ class Detector:
                 )
                 if db is not None:
                     db.mark_deleted(identity, rec.chat_id)
-                self._resolve_chat(rec, why=f"chat {change.reason}")
+                self._resolve_chat(rec, why=_GONE.get(change.reason, f"chat {change.reason}"))
                 continue
             if db is not None:
                 db.mark(rec)
@@ -231,6 +235,8 @@ class Detector:
                     to=rec.status,
                     **{"from": prev.status if prev else None},
                 )
+            if prev is not None and prev.status != rec.status and self.invalid:
+                self.invalid.pop(rec.key, None)
             if prev is not None and (identity, rec.chat_id) in by_chat:
                 if prev.status != rec.status:
                     self._resolve_chat(prev, why=f"left {prev.status} for {rec.status}")
@@ -577,6 +583,7 @@ class Detector:
         else:
             summary = f'Chat "{title}" has been {rec.status} for {age_text} (budget {limit_text})'
             clock_text = CLOCK_TEXT.get(rec.clock, rec.clock)
+        invalid = self.invalid.get(rec.key) if self.invalid else None
         annotations = {
             "summary": summary,
             "title": title,
@@ -587,7 +594,7 @@ class Detector:
             "clock": rec.clock if clock == "status" else "stalled",
             "clock_description": clock_text,
             "link": self.link_template.format(deployment=deployment, chat_id=rec.chat_id),
-            "hint": hint(facts, burst=burst),
+            "hint": hint(facts, burst=burst, invalid_state=invalid),
         }
         if rec.workspace_id:
             annotations["workspace_id"] = rec.workspace_id
@@ -603,6 +610,16 @@ class Detector:
             )
         if rec.queued_for_capacity:
             annotations["queued_for_capacity"] = "true"
+        if invalid is not None:
+            annotations["execution_state"] = f"invalid: {invalid}"
+        if rec.mode:
+            annotations["mode"] = rec.mode
+        if rec.client_type:
+            annotations["client_type"] = rec.client_type
+        if rec.context_error:
+            annotations["context_error"] = rec.context_error
+        if rec.warnings:
+            annotations["warnings"] = "; ".join(rec.warnings)
         if rec.parent_id:
             annotations["parent_chat_id"] = rec.parent_id
         if rec.last_error is not None:
@@ -626,6 +643,32 @@ class Detector:
             text = self._durations[whole] = format_duration(whole)
         return text
 
+    def note_invalid(self, identity: str, chat_id: str, message: str) -> None:
+        """A mutation found this chat's execution state invalid (409 "Chat is in an invalid
+        state."): later alerts say so, and alerts already firing are re-sent saying so."""
+        key = (identity, chat_id)
+        if self.invalid.get(key) == message:
+            return
+        if len(self.invalid) >= 10_000:
+            self.invalid.pop(next(iter(self.invalid)))
+        self.invalid[key] = message
+        for fp in list(self._by_chat.get(key, ())):
+            alert = self.firing.get(fp)
+            if alert is None or alert.name == "ChatStalled":
+                continue
+            annotations = dict(alert.annotations)
+            annotations["execution_state"] = f"invalid: {message}"
+            annotations["hint"] = INVALID_HINT
+            updated = dataclasses.replace(alert, annotations=annotations)
+            self.firing[fp] = updated
+            if self.db is not None:
+                self.db.save_alert(
+                    StoredAlert(
+                        fp, identity, chat_id, updated.labels, annotations, updated.starts_at, None
+                    )
+                )
+            self.sink.put(updated)
+
     # -- identity health ----------------------------------------------------------
 
     def _health_tick(self) -> None:
@@ -637,7 +680,9 @@ class Detector:
                 if fp in self.firing:
                     self._resolve(fp, at=self.wall.now(), why="identity recovered")
                 continue
-            if fp in self.firing or h.unhealthy_for(loop_now) < h.unhealthy_after:
+            if fp in self.firing or (
+                not h.refused and h.unhealthy_for(loop_now) < h.unhealthy_after
+            ):
                 continue
             labels = dict(w.labels)
             labels.update(
@@ -649,13 +694,17 @@ class Detector:
                     "status": h.state,
                 }
             )
+            down_for = h.unhealthy_for(loop_now)
             alert = Alert(
                 fingerprint=fp,
                 labels=labels,
                 starts_at=self.wall.now(),
                 annotations={
                     "summary": f"Identity {name} cannot watch its chats ({h.state}) for "
-                    f"{format_duration(h.unhealthy_for(loop_now))}",
+                    f"{format_duration(down_for)}",
+                    # Lets renderers keep "for …" live (alerting.model.live).
+                    "time_in_status": format_duration(down_for),
+                    "time_in_status_seconds": f"{down_for:.0f}",
                     "last_error": h.last_error or "(none)",
                     "hint": _identity_hint(h),
                     "effect": "no ChatStuck verdicts for this identity until it recovers",
@@ -742,7 +791,7 @@ class Detector:
                 fps.discard(fp)
                 if not fps:
                     del self._by_chat[key]
-        resolved = alert.resolved(at)
+        resolved = resolution(alert, at=at, why=why)
         if self.db is not None:
             self.db.delete_alert(fp)
         self.counters["resolved"] += 1
@@ -756,6 +805,14 @@ class Detector:
             reason=why,
         )
         self.sink.put(resolved)
+
+
+# Why a tombstoned chat's alert resolved, in the words of its resolve notification.
+_GONE = {
+    "archived": "chat archived",
+    "deleted": "chat gone (deleted)",
+    "vanished": "chat gone (archived or deleted: absent from a complete listing)",
+}
 
 
 def _identity_hint(h: IdentityHealth) -> str:

@@ -21,9 +21,19 @@ class Facts:
     build_checked: bool = True
 
 
-def hint(facts: Facts, *, burst: int = 1) -> str:
-    """``burst``: how many chats went past their budget in the same confirmation."""
+INVALID_HINT = (
+    "execution state invalid: coderd refuses every mutation of this chat (interrupt, "
+    "archive) with 409 until POST …/reconcile-invalid moves it to error; enable "
+    "sweep.reconcile_invalid or reconcile it by hand, then resend the turn"
+)
+
+
+def hint(facts: Facts, *, burst: int = 1, invalid_state: str | None = None) -> str:
+    """``burst``: how many chats went past their budget in the same confirmation;
+    ``invalid_state``: coderd's message when a mutation found the state invalid."""
     rec = facts.record
+    if invalid_state is not None:
+        return INVALID_HINT
     if rec.status == "requires_action":
         return (
             "a client tool pause is stranded: submit the stranded tool results or "

@@ -8,6 +8,7 @@ and metrics show it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from watchd.clock import ServerClock
@@ -30,7 +31,15 @@ class IdentityHealth:
     last_error: str = ""
     last_list_ok: float | None = None  # server time of the last complete listing
     last_list_chats: int = 0
-    last_list_seconds: float | None = None  # how long the last complete listing took
+    last_list_pages: int = 0
+    # Listings that could not prove they covered everything (nothing inferred from them).
+    incomplete_listings: int = 0
+    # Chats missing from recent complete listings, not yet confirmed gone.
+    absent: int = 0
+    absent_confirms: int = 0
+    # Coder refused the token twice (401/403): IdentityUnhealthy without waiting for
+    # unhealthy_after, which is for outages that may pass.
+    refused: bool = False
     reconnects: int = 0
     relists: int = 0
     events: int = 0
@@ -42,6 +51,21 @@ class IdentityHealth:
     quota_checked: float | None = None  # monotonic
     quota_error: str = ""
 
+    # Told each complete listing's duration (the daemon's histogram); not compared or shown.
+    on_listing: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
+    _last_list_seconds: float | None = field(default=None, repr=False)
+
+    @property
+    def last_list_seconds(self) -> float | None:
+        """How long the last complete listing took."""
+        return self._last_list_seconds
+
+    @last_list_seconds.setter
+    def last_list_seconds(self, seconds: float | None) -> None:
+        self._last_list_seconds = seconds
+        if seconds is not None and self.on_listing is not None:
+            self.on_listing(seconds)
+
     def set_state(self, state: str, *, error: str = "") -> None:
         was_ready = self.ready
         self.state = state
@@ -52,8 +76,12 @@ class IdentityHealth:
             self.not_ready_since = time.monotonic()
         if self.ready:
             self.seeded_once = True
-        if state not in ("starting", "seeding"):
+        if state in ("ready", "auth_failed", "not_found", "unreachable"):
+            # Seeded, or the attempt failed conclusively (a stream that merely closed
+            # mid-seed is retried at once and does not count).
             self.attempted_once = True
+        if state != "auth_failed":
+            self.refused = False
 
     def unhealthy_for(self, now: float) -> float:
         return 0.0 if self.ready else now - self.not_ready_since

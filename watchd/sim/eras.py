@@ -22,22 +22,33 @@ class Era:
     archive_post: bool
     # Listing pages root chats only, children embedded (PR #24404); else flat.
     embed_children: bool
-    # MaxPaginationLimit = 100 (omitted → 100, >100 or <1 → 400); else default 50, uncapped.
-    max_limit: int | None
+    # POST …/chats/{id}/reconcile-invalid exists (newest servers only).
+    reconcile_invalid: bool
     # Watch payload carries the full chat (newest) or a minimal one (older eras).
     full_watch_chat: bool
     # PublishChatWatchEvent refuses payloads over 6000 bytes (newest).
     publish_limit: int | None
 
 
+# No era caps the page size: ``limit`` is any non-negative int32, 0/absent meaning 50
+# (``ParsePagination``; ``MaxPaginationLimit`` exists nowhere in coder/coder).
 ERAS: dict[str, Era] = {
-    "A": Era("A", ("/api/experimental",), True, LEGACY, False, True, False, None, False, None),
+    "A": Era("A", ("/api/experimental",), True, LEGACY, False, True, False, False, False, None),
     "B": Era(
-        "B", ("/api/experimental",), False, LEGACY | CURRENT, False, False, False, None, False, None
+        "B",
+        ("/api/experimental",),
+        False,
+        LEGACY | CURRENT,
+        False,
+        False,
+        False,
+        False,
+        False,
+        None,
     ),
-    "C": Era("C", ("/api/experimental",), False, CURRENT, True, False, True, None, True, 6000),
+    "C": Era("C", ("/api/experimental",), False, CURRENT, True, False, True, False, True, 6000),
     "D": Era(
-        "D", ("/api/v2", "/api/experimental"), False, CURRENT, True, False, True, 100, True, 6000
+        "D", ("/api/v2", "/api/experimental"), False, CURRENT, True, False, True, False, True, 6000
     ),
-    "E": Era("E", ("/api/v2",), False, CURRENT | {"paused"}, True, False, True, 100, True, 6000),
+    "E": Era("E", ("/api/v2",), False, CURRENT | {"paused"}, True, False, True, True, True, 6000),
 }

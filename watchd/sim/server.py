@@ -1,7 +1,7 @@
 """The simulator's HTTP face: Coder's chats routes for the configured era, the
 watch WebSocket, users/quota/workspace routes, and an admin API under ``/__sim``.
 
-Status codes and bodies follow ``spec/coder-chats-api.md``. Auth runs before
+Status codes and bodies follow docs/coder-api.md. Auth runs before
 every handler (a bad token on the watch gets a plain 401, not a 101).
 """
 
@@ -147,13 +147,16 @@ class SimServer:
                     )
                 if state.faults.error_rate and state.rng.random() < state.faults.error_rate:
                     raise SimError(state.faults.error_status, "Internal error.", "injected fault")
-            route = request.match_info.route.resource
-            endpoint = f"{request.method} {route.canonical if route else request.path}"
-            rate_headers = state.check_rate(user.id, endpoint)
+            # Keyed by the concrete path (httprate.KeyByEndpoint), not the route.
+            rate_headers = state.check_rate(user.id, request.path)
             response = await handler(request)
             for k, v in rate_headers.items():
                 response.headers.setdefault(k, v)
         except SimError as exc:
+            if state.faults.echo_token:
+                token = request.headers.get("Coder-Session-Token", "")
+                exc.body["message"] = f"{exc.body['message']} (token {token})"
+                exc.body["detail"] = f"request carried Coder-Session-Token: {token}"
             response = _error(exc)
         except web.HTTPException as exc:
             response = _json(exc.status, {"message": exc.reason})
@@ -188,6 +191,10 @@ class SimServer:
             r.add_post(prefix + "/chats/{id}/interrupt", self._era(prefix, self.interrupt))
             r.add_post(prefix + "/chats/{id}/archive", self._era(prefix, self.archive_post))
             r.add_get(prefix + "/chats/{id}/messages", self._era(prefix, self.messages))
+            r.add_post(
+                prefix + "/chats/{id}/reconcile-invalid",
+                self._era(prefix, self.reconcile_invalid),
+            )
         r.add_get("/api/v2/users/me", self.me)
         r.add_get("/api/v2/users/me/organizations", self.organizations)
         r.add_get("/api/v2/organizations/{org}/members/{user}/workspace-quota", self.quota)
@@ -197,6 +204,8 @@ class SimServer:
         r.add_post("/__sim/chats", self.admin_add_chat)
         r.add_post("/__sim/chats/{id}/status", self.admin_status)
         r.add_post("/__sim/chats/{id}/archive", self.admin_archive)
+        r.add_post("/__sim/chats/{id}/bump", self.admin_bump)
+        r.add_post("/__sim/chats/{id}/invalid", self.admin_invalid)
         r.add_delete("/__sim/chats/{id}", self.admin_delete)
         r.add_post("/__sim/faults", self.admin_faults)
         r.add_post("/__sim/drop-watch", self.admin_drop)
@@ -214,6 +223,8 @@ class SimServer:
             if prefix not in era.prefixes:
                 raise SimError(404, "Route not found.")
             if handler == self.archive_post and not era.archive_post:
+                raise SimError(404, "Route not found.")
+            if handler == self.reconcile_invalid and not era.reconcile_invalid:
                 raise SimError(404, "Route not found.")
             if request.method == "PATCH" and era.archive_post:
                 raise SimError(405, "Method not allowed.")
@@ -240,7 +251,6 @@ class SimServer:
     # -- chats ----------------------------------------------------------------------
 
     def _pagination(self, request: web.Request) -> tuple[int, int, str | None]:
-        era = self.state.era
         errors = []
         limit_raw = request.query.get("limit")
         offset_raw = request.query.get("offset", "0")
@@ -274,13 +284,6 @@ class SimServer:
                 uuid.UUID(after)
             except ValueError:
                 errors.append({"field": "after_id", "detail": "must be a valid UUID"})
-        if era.max_limit is not None and not errors:
-            if limit_raw is None:
-                limit = era.max_limit
-            elif limit < 1 or limit > era.max_limit:
-                errors.append(
-                    {"field": "limit", "detail": f"must be between 1 and {era.max_limit}"}
-                )
         if errors:
             raise SimError(400, "Query parameters have invalid values.", validations=errors)
         return (limit or 50), offset, after
@@ -327,6 +330,7 @@ class SimServer:
         user = request[USER_KEY]
         limit, offset, after = self._pagination(request)
         q = self._parse_q(request.query.get("q", ""))
+        page = state.listing_page(user.id, first=after is None and offset == 0)
         archived = q.get("archived", "false") == "true"
         wanted_labels = []
         for raw in request.query.getall("label", []):
@@ -365,7 +369,9 @@ class SimServer:
                     if order(c) > key[:3] or (order(c) == key[:3] and c.id < cursor.id)
                 ]
         rows = rows[offset : offset + limit]
-        return _json(200, [state.chat_json(c) for c in rows])
+        body = [state.chat_json(c) for c in rows]
+        state.listing_page_served(user.id, page)
+        return _json(200, body)
 
     async def get_chat(self, request: web.Request) -> web.StreamResponse:
         chat = self._own_chat(request)
@@ -387,6 +393,7 @@ class SimServer:
             raise SimError(503, "AI Gateway must be enabled to use chats.")
         if chat.archived:
             raise SimError(400, "Cannot interrupt an archived chat.")
+        state.check_mutable(chat)
         if state.era.state_machine:
             if chat.status not in ("running", "requires_action"):
                 raise SimError(
@@ -416,6 +423,7 @@ class SimServer:
                 "Invalid request body.",
                 validations=[{"field": k, "detail": "unknown field"} for k in sorted(unknown)],
             )
+        self.state.check_mutable(chat)
         if "archived" in body:
             if not isinstance(body["archived"], bool):
                 raise SimError(
@@ -425,6 +433,12 @@ class SimServer:
                 )
             if body["archived"]:
                 self._archive(chat)
+            else:
+                if chat.parent_id is not None:
+                    raise SimError(400, "Chat archive state can only be changed on the root chat.")
+                if not chat.archived:
+                    raise SimError(400, "Chat is not archived.")
+                self.state.unarchive(chat.id)
         if "title" in body and isinstance(body["title"], str):
             chat.title = body["title"]
         return web.Response(status=204)
@@ -460,8 +474,23 @@ class SimServer:
         state.archive(chat.id)
 
     async def archive_post(self, request: web.Request) -> web.StreamResponse:
-        self._archive(self._own_chat(request))
+        chat = self._own_chat(request)
+        self.state.check_mutable(chat)
+        self._archive(chat)
         return web.Response(status=204)
+
+    async def reconcile_invalid(self, request: web.Request) -> web.StreamResponse:
+        """``POST …/reconcile-invalid`` (newest servers): an inconsistent chat → ``error``.
+        The answer for a consistent chat is not known from coderd's source; the simulator
+        refuses it with 409 so a client cannot rely on it being harmless."""
+        chat = self._own_chat(request)
+        try:
+            self.state.reconcile_invalid(chat)
+        except SimError as exc:
+            self.state.mutations.append(("reconcile_invalid", chat.id, exc.status))
+            raise
+        self.state.mutations.append(("reconcile_invalid", chat.id, 200))
+        return _json(200, self.state.chat_json(chat, single=True))
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         chat = self._own_chat(request)
@@ -683,6 +712,7 @@ class SimServer:
                 workspace=workspace,
                 wedged=bool(body.get("wedged")),
                 publish=bool(body.get("publish", True)),
+                mode=body.get("mode"),
             )
         except (KeyError, ValueError) as exc:
             return _json(400, {"message": f"bad admin request: {exc}"})
@@ -706,8 +736,34 @@ class SimServer:
         return _json(200, {"ok": True})
 
     async def admin_archive(self, request: web.Request) -> web.StreamResponse:
+        """Archive as coderd does (``deleted`` published for every family member)."""
+        self.state.archive(request.match_info["id"])
+        return _json(200, {"ok": True})
+
+    async def admin_bump(self, request: web.Request) -> web.StreamResponse:
+        """A step commit now, or (``{"after_page": N}``) after page N of every later
+        listing by its owner (0: as each listing starts; null: disarm): the chat moves in
+        the order, nothing is published."""
+        cid = request.match_info["id"]
+        if cid not in self.state.chats:
+            return _json(404, {"message": "no such chat"})
         body = await request.json() if request.can_read_body else {}
-        self.state.archive(request.match_info["id"], publish=bool(body.get("publish")))
+        after = body.get("after_page")
+        if after is None:
+            self.state.bump(cid)
+        elif isinstance(after, int) and after >= 0:
+            self.state.bump_after_page[cid] = after
+        else:
+            self.state.bump_after_page.pop(cid, None)
+        return _json(200, {"ok": True})
+
+    async def admin_invalid(self, request: web.Request) -> web.StreamResponse:
+        """Put a chat's execution state out of joint (``{"invalid": false}`` to undo)."""
+        cid = request.match_info["id"]
+        if cid not in self.state.chats:
+            return _json(404, {"message": "no such chat"})
+        body = await request.json() if request.can_read_body else {}
+        self.state.chats[cid].invalid_state = bool(body.get("invalid", True))
         return _json(200, {"ok": True})
 
     async def admin_delete(self, request: web.Request) -> web.StreamResponse:
@@ -765,7 +821,9 @@ class SimServer:
                     + ts
                     + '","updated_at":"'
                     + ts
-                    + '","parent_chat_id":null,"root_chat_id":null,"workspace_id":null}}\n'
+                    + '","root_chat_id":"'
+                    + ids[n % chats]
+                    + '"}}\n'
                 )
             jobs.append(self._blast(ws, frames))
         t0 = time.monotonic()

@@ -12,9 +12,10 @@ import json
 import random
 import time
 import uuid
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from watchd.sim.eras import ERAS, Era
@@ -23,10 +24,24 @@ ACTIVE = frozenset({"running", "pending", "interrupting"})
 ARCHIVABLE = frozenset({"waiting", "error"})
 
 
-def iso(ts: float) -> str:
-    """Go's RFC 3339 with nanoseconds, as Coder writes timestamps."""
-    dt = datetime.fromtimestamp(ts, tz=UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond:06d}123Z"
+def iso(ts: float, *, offset_minutes: int = 0) -> str:
+    """Go's ``time.RFC3339Nano``, as coderd's ``encoding/json`` writes a ``time.Time``:
+    0–9 fraction digits with trailing zeros trimmed (none at all on a whole second), and
+    ``Z`` for UTC or ``±hh:mm`` for a time carried in another zone."""
+    zone = UTC if not offset_minutes else timezone(timedelta(minutes=offset_minutes))
+    whole = int(ts // 1)
+    nanos = round((ts - whole) * 1e9)
+    if nanos >= 1_000_000_000:
+        whole, nanos = whole + 1, 0
+    dt = datetime.fromtimestamp(whole, tz=zone)
+    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    if nanos:
+        text += "." + f"{nanos:09d}".rstrip("0")
+    if not offset_minutes:
+        return text + "Z"
+    sign = "+" if offset_minutes > 0 else "-"
+    hours, minutes = divmod(abs(offset_minutes), 60)
+    return f"{text}{sign}{hours:02d}:{minutes:02d}"
 
 
 @dataclass
@@ -79,6 +94,14 @@ class SimChat:
     archived: bool = False
     pin_order: int = 0
     queued_for_capacity: bool = False
+    # computer_use | explore | orchestrator, or None (omitted on the wire).
+    mode: str | None = None
+    client_type: str = "api"
+    warnings: list[str] = field(default_factory=list)
+    context_error: str | None = None
+    # The execution state is inconsistent: every mutation answers 409 "Chat is in an
+    # invalid state." until POST …/reconcile-invalid moves the chat to `error`.
+    invalid_state: bool = False
     script: deque[Step] = field(default_factory=deque)
     # While running, bump updated_at this often (CommitStep); None: no progress at all.
     progress_every: float | None = None
@@ -105,6 +128,9 @@ class Faults:
     # once; the rest stay `running`, unowned, queued_for_capacity, without progress.
     capacity_roots: int | None = None
     capacity_children: int | None = None
+    # Every error body quotes the request's token (a proxy or a debug build that echoes
+    # the request): the client must keep it out of everything it shows.
+    echo_token: bool = False
 
 
 @dataclass(eq=False)
@@ -144,6 +170,7 @@ class SimState:
         ping_interval: float = 15.0,
         rate_limit: int = 512,
         subscriber_buffer: int = 1024,
+        utc_offsets: tuple[int, ...] = (0,),
     ) -> None:
         self.era: Era = ERAS[era]
         self.rng = random.Random(seed)
@@ -151,6 +178,10 @@ class SimState:
         self.ping_interval = ping_interval
         self.rate_limit = rate_limit
         self.subscriber_buffer = subscriber_buffer
+        # Zones (minutes east of UTC) timestamps are written in, one per chat by its id:
+        # coderd writes whatever zone the time.Time carries (UTC unless the DB session's
+        # zone differs), so a client must accept both `Z` and `±hh:mm`.
+        self.utc_offsets = utc_offsets or (0,)
         self.users: dict[str, SimUser] = {}
         self.chats: dict[str, SimChat] = {}
         self.workspaces: dict[str, SimWorkspace] = {}
@@ -168,7 +199,12 @@ class SimState:
         self._by_owner: dict[str, list[str]] = {}
         # Mutations that reached a handler: (method, chat id, outcome status).
         self.mutations: list[tuple[str, str, int]] = []
-        self._rate: dict[tuple[str, str], tuple[float, int]] = {}
+        # httprate's sliding window: (user, path) -> (current window start, count, previous count)
+        self._rate: dict[tuple[str, str], tuple[int, int, int]] = {}
+        # chat id -> page of a listing after which the chat is bumped (a step commit
+        # landing while the client pages; tests use it to open the moving-cursor window).
+        self.bump_after_page: dict[str, int] = {}
+        self._listing_page: dict[str, int] = {}
         self._message_ids = 1000
         self.on_drop: list[Any] = []
 
@@ -246,6 +282,7 @@ class SimState:
         publish: bool = True,
         wedged: bool = False,
         last_error: Any = None,
+        mode: str | None = None,
     ) -> SimChat:
         """A chat that entered ``status`` ``age`` seconds ago, then follows ``script``."""
         self._check_status(status)
@@ -272,6 +309,7 @@ class SimState:
             queued_for_capacity=queued_for_capacity,
             wedged=wedged,
             last_error=last_error,
+            mode=mode,
         )
         chat.messages = [self._message(chat, "user", "Please do the thing.")]
         self.chats[cid] = chat
@@ -290,7 +328,7 @@ class SimState:
             "id": self._message_ids,
             "chat_id": chat.id,
             "role": role,
-            "created_at": iso(self.now()),
+            "created_at": self.ts(self.now(), chat.id),
             "created_by": chat.owner_id,
             "content": [{"type": "text", "text": text}],
         }
@@ -323,10 +361,59 @@ class SimState:
         if status == "waiting":
             chat.messages.append(self._message(chat, "assistant", "Done."))
         if not silent:
-            self.publish(chat, "status_change")
-            if status == "requires_action":
-                self.publish(chat, "action_required")
+            # Entering requires_action publishes only action_required (with the tool
+            # calls), never a status_change.
+            self.publish(
+                chat, "action_required" if status == "requires_action" else "status_change"
+            )
         return chat
+
+    def bump(self, chat_id: str) -> None:
+        """A step commit (``UpdateChatExecutionState``): ``updated_at`` moves, the status
+        does not, and nothing is published on the watch stream."""
+        self.chats[chat_id].updated_at = self.now()
+
+    def listing_page(self, user_id: str, *, first: bool) -> int:
+        """Called before each listing page is computed; returns its number. Chats armed
+        with page 0 are bumped as a listing starts, so they sort above the rest."""
+        page = 1 if first else self._listing_page.get(user_id, 0) + 1
+        self._listing_page[user_id] = page
+        if first:
+            self._bump_armed(user_id, 0)
+        return page
+
+    def listing_page_served(self, user_id: str, page: int) -> None:
+        """Called after a listing page was computed: bumps the chats armed for it."""
+        self._bump_armed(user_id, page)
+
+    def _bump_armed(self, user_id: str, page: int) -> None:
+        for chat_id, after in list(self.bump_after_page.items()):
+            chat = self.chats.get(chat_id)
+            if chat is None:
+                del self.bump_after_page[chat_id]
+            elif chat.owner_id == user_id and after == page:
+                self.bump(chat_id)
+
+    def check_mutable(self, chat: SimChat) -> None:
+        """``writeChatInvalidState``: every mutation of an inconsistent chat is refused."""
+        if chat.invalid_state:
+            raise SimError(409, "Chat is in an invalid state.")
+
+    def reconcile_invalid(self, chat: SimChat) -> None:
+        """``POST …/reconcile-invalid``: an inconsistent chat is moved to ``error``."""
+        if not chat.invalid_state:
+            raise SimError(409, "Chat is not in an invalid state.")
+        chat.invalid_state = False
+        chat.script.clear()
+        self.set_status(
+            chat.id,
+            "error",
+            last_error={
+                "message": "The chat's execution state was invalid and has been reset.",
+                "kind": "generic",
+                "retryable": False,
+            },
+        )
 
     def _admit(self, now: float) -> None:
         """Apply the concurrency cap: the oldest running chats hold the slots."""
@@ -390,15 +477,24 @@ class SimState:
                         chat.id, nxt.status, silent=nxt.silent, last_error=nxt.last_error
                     )
 
-    def archive(self, chat_id: str, *, publish: bool = False) -> None:
+    def archive(self, chat_id: str) -> None:
+        """Archive a family: every member publishes ``deleted`` with ``archived: true``."""
         chat = self.chats[chat_id]
         now = self.now()
         for member in self.family(chat):
             member.archived = True
             member.updated_at = now
             member.script.clear()
-            if publish:
-                self.publish(member, "status_change")
+            self.publish(member, "deleted")
+
+    def unarchive(self, chat_id: str) -> None:
+        """Unarchive a family: every member publishes ``created``."""
+        chat = self.chats[chat_id]
+        now = self.now()
+        for member in self.family(chat):
+            member.archived = False
+            member.updated_at = now
+            self.publish(member, "created")
 
     def delete(self, chat_id: str) -> None:
         """Hard delete (retention purge): no watch event."""
@@ -416,9 +512,9 @@ class SimState:
         return [self.chats[c] for c in self._children.get(chat_id, ()) if c in self.chats]
 
     def revoke(self, username: str) -> None:
-        user = self.user(username)
-        user.revoked = True
-        self.drop_watch(user_id=user.id, code=1008)
+        """Revoke a user's token. Open watch sockets stay open: coderd checks the key when
+        a request arrives, never again for a socket it already upgraded."""
+        self.user(username).revoked = True
 
     # -- watch pubsub ----------------------------------------------------------------
 
@@ -477,43 +573,65 @@ class SimState:
 
     # -- serialization ---------------------------------------------------------------
 
+    def ts(self, t: float, chat_id: str = "") -> str:
+        offsets = self.utc_offsets
+        return iso(
+            t, offset_minutes=offsets[zlib.crc32(chat_id.encode()) % len(offsets)] if chat_id else 0
+        )
+
     def chat_json(
         self, chat: SimChat, *, single: bool = False, embed: bool = True
     ) -> dict[str, Any]:
+        """``codersdk.Chat`` as Go's ``encoding/json`` writes it: nil pointers with
+        ``omitempty`` are omitted (never ``null``), ``last_turn_summary``/``summary`` are
+        ``null``, ``root_chat_id`` is always set, ``queued_for_capacity`` appears only on
+        a single GET and only when true (``bool,omitempty``)."""
         owner = self.users.get(chat.owner_id)
         body: dict[str, Any] = {
             "id": chat.id,
             "organization_id": chat.org_id,
             "owner_id": chat.owner_id,
             "owner_username": owner.username if owner else "",
-            "workspace_id": chat.workspace_id,
-            "build_id": None,
-            "agent_id": None,
-            "parent_chat_id": chat.parent_id,
-            "root_chat_id": chat.root_id,
+            "owner_name": owner.username if owner else "",
+            "root_chat_id": chat.root_id or chat.id,
             "last_model_config_id": "e5a9c0de-0000-4000-8000-000000000001",
             "title": chat.title,
             "status": chat.status,
-            "last_error": chat.last_error,
             "last_turn_summary": None,
             "summary": None,
-            "created_at": iso(chat.created_at),
-            "updated_at": iso(chat.updated_at),
+            "created_at": self.ts(chat.created_at, chat.id),
+            "updated_at": self.ts(chat.updated_at, chat.id),
             "archived": chat.archived,
             "shared": False,
             "pin_order": chat.pin_order,
             "mcp_server_ids": [],
             "labels": dict(chat.labels),
             "has_unread": False,
-            "client_type": "api",
+            "client_type": chat.client_type,
             "children": [],
         }
-        if self.era.name == "A" and isinstance(chat.last_error, dict):
-            # Early servers stored last_error as a text column.
-            body["last_error"] = chat.last_error.get("message")
-        if single:
-            body["queued_for_capacity"] = chat.queued_for_capacity
-            body["context"] = {"dirty": False, "resources": []}
+        if chat.workspace_id is not None:
+            body["workspace_id"] = chat.workspace_id
+        if chat.parent_id is not None:
+            body["parent_chat_id"] = chat.parent_id
+        if chat.mode is not None:
+            body["mode"] = chat.mode
+        if chat.warnings:
+            body["warnings"] = list(chat.warnings)
+        if chat.last_error is not None:
+            body["last_error"] = chat.last_error
+            if self.era.name == "A" and isinstance(chat.last_error, dict):
+                # Early servers stored last_error as a text column.
+                body["last_error"] = chat.last_error.get("message")
+        if chat.context_error is not None or single:
+            context: dict[str, Any] = {"dirty": False}
+            if chat.context_error is not None:
+                context["error"] = chat.context_error
+            if single:
+                context["resources"] = []
+            body["context"] = context
+        if single and chat.queued_for_capacity:
+            body["queued_for_capacity"] = True
         if embed and self.era.embed_children and chat.parent_id is None:
             body["children"] = [
                 self.chat_json(c, single=False, embed=False)
@@ -527,39 +645,49 @@ class SimState:
             body = self.chat_json(chat, embed=False)
             body.pop("children", None)
             return body
-        return {
+        body = {
             "id": chat.id,
             "owner_id": chat.owner_id,
             "title": chat.title,
             "status": chat.status,
-            "created_at": iso(chat.created_at),
-            "updated_at": iso(chat.updated_at),
-            "parent_chat_id": chat.parent_id,
-            "root_chat_id": chat.root_id,
-            "workspace_id": chat.workspace_id,
+            "created_at": self.ts(chat.created_at, chat.id),
+            "updated_at": self.ts(chat.updated_at, chat.id),
+            "root_chat_id": chat.root_id or chat.id,
         }
+        if chat.parent_id is not None:
+            body["parent_chat_id"] = chat.parent_id
+        if chat.workspace_id is not None:
+            body["workspace_id"] = chat.workspace_id
+        return body
 
     # -- rate limit ------------------------------------------------------------------
 
-    def check_rate(self, user_id: str, endpoint: str) -> dict[str, str]:
-        """httprate's fixed one-minute window per user and endpoint; raises 429."""
-        window = int(time.time() // 60) * 60
-        key = (user_id, endpoint)
-        start, count = self._rate.get(key, (window, 0))
+    def check_rate(self, user_id: str, path: str) -> dict[str, str]:
+        """``httpmw.RateLimit``: go-chi httprate keyed by user id and the concrete URL path
+        (every ``/chats/<id>`` its own bucket), over a sliding one-minute window — the
+        previous window's count weighs in by how much of it still overlaps. Raises 429
+        with ``Retry-After: 60`` and the ``X-RateLimit-*`` headers."""
+        now = time.time()
+        window = int(now // 60) * 60
+        key = (user_id, path)
+        start, count, previous = self._rate.get(key, (window, 0, 0))
         if start != window:
+            previous = count if start == window - 60 else 0
             start, count = window, 0
-        count += 1
-        self._rate[key] = (start, count)
+        weight = (60 - (now - start)) / 60
+        rate = previous * weight + count
         headers = {
             "X-RateLimit-Limit": str(self.rate_limit),
-            "X-RateLimit-Remaining": str(max(0, self.rate_limit - count)),
+            "X-RateLimit-Remaining": str(max(0, int(self.rate_limit - rate - 1))),
             "X-RateLimit-Reset": str(int(start + 60 + self.clock_offset)),
         }
-        if self.rate_limit >= 0 and count > self.rate_limit:
+        if self.rate_limit >= 0 and rate >= self.rate_limit:
+            self._rate[key] = (start, count, previous)
             raise SimError(
                 429,
                 f"You've been rate limited for sending more than {self.rate_limit} "
                 "requests in 1m0s.",
-                headers={**headers, "Retry-After": "60"},
+                headers={**headers, "X-RateLimit-Remaining": "0", "Retry-After": "60"},
             )
+        self._rate[key] = (start, count + 1, previous)
         return headers

@@ -3,8 +3,15 @@
 Pure and synchronous. Observations come in three flavours — a watch event,
 a listing row, a confirmation GET — and each either starts a new clock (a
 status transition), refreshes the record, or is ignored as stale (older
-``updated_at`` than we already hold). A listing is also evidence of absence:
-chats it no longer contains are tombstoned.
+``updated_at`` than we already hold).
+
+Absence is not deletion. coderd's keyset cursor skips a chat whose
+``updated_at`` moves while a listing pages (docs/coder-api.md, "the moving
+cursor"), so a chat missing from a complete listing only becomes *absent*:
+its record, clock and alerts stay exactly as they were until the watcher
+confirms it (a GET answering 404 or ``archived``, or a second complete
+listing that lacks it too) and tombstones it; any sighting meanwhile clears
+the absence.
 
 The clock (``since``) is the server time the chat entered its current
 status. Its ``source`` says how we know:
@@ -19,13 +26,18 @@ status. Its ``source`` says how we know:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NewType
 
 from watchd.coder.models import TITLE_MAX, Chat, ChatError, flatten, parse_chat, timestamp
 
 Identity = NewType("Identity", str)
 ChatKey = tuple[str, str]  # (identity, chat id)
+
+# A server timestamp this far past the server-clock estimate is not believed: it is
+# clamped to "now" (and counted), so one stamp from a clock that stepped cannot make
+# every later observation look stale.
+FUTURE_TOLERANCE = 30.0
 
 CLOCK_TRANSITION = "transition"
 CLOCK_SYNTHESIZED = "synthesized"
@@ -51,6 +63,10 @@ class ChatRecord:
     last_error: ChatError | None = None
     queued_for_capacity: bool | None = None
     version: int = 0  # bumps on every clock change; timers compare it
+    mode: str = ""
+    client_type: str = ""
+    context_error: str = ""
+    warnings: tuple[str, ...] = ()
 
     @property
     def key(self) -> ChatKey:
@@ -64,7 +80,7 @@ class Change:
     kind: str  # new | transition | refresh | tombstone
     record: ChatRecord
     previous: ChatRecord | None
-    reason: str = ""  # for tombstones: archived | vanished | deleted | gone
+    reason: str = ""  # for tombstones: archived | gone (404) | missing from two listings
 
 
 class ChatStore:
@@ -76,9 +92,15 @@ class ChatStore:
         self._count = 0
         # Later sightings of unchanged chats (records are only replaced on change).
         self._seen: dict[tuple[str, str], float] = {}
+        # identity -> chat id -> consecutive complete listings that lacked it.
+        self._absent: dict[str, dict[str, int]] = {}
         self.overflow = 0
         self.stale_ignored = 0
         self.synthesized = 0
+        # Timestamps not believed: ahead of the server clock (clamped), or before the
+        # chat was created (not a clock at all), by identity.
+        self.future_clamped: dict[str, int] = {}
+        self.before_created: dict[str, int] = {}
 
     def __len__(self) -> int:
         return self._count
@@ -104,7 +126,12 @@ class ChatStore:
         self._count = sum(len(v) for v in self._by_identity.values())
         return n
 
+    def absent(self, identity: str) -> dict[str, int]:
+        """Chats missing from recent complete listings, not yet confirmed gone."""
+        return dict(self._absent.get(identity, {}))
+
     def drop_identity(self, identity: str) -> list[ChatRecord]:
+        self._absent.pop(identity, None)
         dropped = list(self._by_identity.pop(identity, {}).values())
         self._count -= len(dropped)
         for rec in dropped:
@@ -123,6 +150,11 @@ class ChatStore:
         """
         recs = self._by_identity.setdefault(identity, {})
         old = recs.get(chat.id)
+        chat = self._sane(identity, chat, now=now)
+        if self._absent:
+            absent = self._absent.get(identity)
+            if absent:
+                absent.pop(chat.id, None)
         if chat.archived:
             if old is None:
                 return None
@@ -139,6 +171,7 @@ class ChatStore:
             return Change("tombstone", old, old, reason="deleted")
         if (
             old is not None
+            and via != "confirm"  # a confirmation read is authoritative
             and chat.updated_at is not None
             and old.updated_at is not None
             and chat.updated_at < old.updated_at
@@ -182,6 +215,7 @@ class ChatStore:
             chat.updated_at == old.updated_at
             and (not chat.title or chat.title == old.title)
             and chat.queued_for_capacity in (None, old.queued_for_capacity)
+            and (via != "confirm" or _details(chat) == _details(old))
         ):
             # Nothing but our sighting moved: keep the record, note when we saw it.
             self._seen[(identity, chat.id)] = now
@@ -198,7 +232,26 @@ class ChatStore:
         recs[chat.id] = rec
         return Change("refresh", rec, old)
 
+    def _sane(self, identity: str, chat: Chat, *, now: float) -> Chat:
+        """``chat`` with an ``updated_at`` that can serve as a clock: one past server-now
+        (beyond the tolerance) is clamped to now; one before the chat's ``created_at`` is
+        dropped (the observation time stands in). Both are counted by identity."""
+        ts = chat.updated_at
+        if ts is None:
+            return chat
+        if ts > now + FUTURE_TOLERANCE:
+            self.future_clamped[identity] = self.future_clamped.get(identity, 0) + 1
+            return replace(chat, updated_at=now)
+        created = chat.created() if ts < now - 86_400 or chat.created_at is not None else None
+        if created is not None and ts < created - FUTURE_TOLERANCE:
+            self.before_created[identity] = self.before_created.get(identity, 0) + 1
+            return replace(chat, updated_at=None)
+        return chat
+
     def tombstone(self, identity: str, chat_id: str, *, reason: str) -> Change | None:
+        absent = self._absent.get(identity)
+        if absent:
+            absent.pop(chat_id, None)
         old = self._by_identity.get(identity, {}).pop(chat_id, None)
         if old is None:
             return None
@@ -209,8 +262,8 @@ class ChatStore:
     def apply_listing(
         self, identity: str, chats: Iterable[Chat], *, now: float, started: float
     ) -> list[Change]:
-        """A complete listing of parsed chats: upsert every row, tombstone what it no
-        longer holds. (The watcher applies raw pages with :meth:`observe_rows`.)"""
+        """A complete listing of parsed chats: upsert every row and note what it lacks
+        as absent. (The watcher applies raw pages with :meth:`observe_rows`.)"""
         present: set[str] = set()
         changes: list[Change] = []
         for chat in chats:
@@ -218,7 +271,7 @@ class ChatStore:
             change = self.observe(identity, chat, now=now, via="listing")
             if change is not None:
                 changes.append(change)
-        changes += self.finish_listing(identity, present, started=started)
+        self.finish_listing(identity, present, started=started)
         return changes
 
     def observe_rows(
@@ -249,24 +302,27 @@ class ChatStore:
                     changes.append(change)
         return changes
 
-    def finish_listing(self, identity: str, present: set[str], *, started: float) -> list[Change]:
-        """The listing is complete: tombstone what it did not hold.
+    def finish_listing(self, identity: str, present: set[str], *, started: float) -> dict[str, int]:
+        """A *complete* listing ended: every known chat it lacked becomes (or stays)
+        absent. Returns those chats with how many consecutive complete listings lacked
+        them. Nothing is tombstoned here: absence is only a reason to confirm.
 
         Records observed after the listing ``started`` are spared: an event that
         arrived mid-listing is newer than the listing's view of absence.
         """
-        changes: list[Change] = []
         recs = self._by_identity.get(identity, {})
         seen = self._seen
-        for chat_id in [
-            cid
+        before = self._absent.get(identity, {})
+        absent = {
+            cid: before.get(cid, 0) + 1
             for cid, r in recs.items()
             if cid not in present and max(seen.get((identity, cid), 0.0), r.seen_at) < started
-        ]:
-            gone = self.tombstone(identity, chat_id, reason="vanished")
-            if gone is not None:
-                changes.append(gone)
-        return changes
+        }
+        if absent:
+            self._absent[identity] = absent
+        else:
+            self._absent.pop(identity, None)
+        return dict(absent)
 
     @staticmethod
     def _record(
@@ -300,6 +356,11 @@ class ChatStore:
                 if chat.queued_for_capacity is not None
                 else p.queued_for_capacity,
                 version=version,
+                mode=chat.mode or p.mode,
+                client_type=chat.client_type or p.client_type,
+                # Only a full payload (a GET, a listing row) says these are now clear.
+                context_error=chat.context_error if chat.client_type else p.context_error,
+                warnings=chat.warnings if chat.client_type else p.warnings,
             )
         return ChatRecord(
             identity=identity,
@@ -317,7 +378,15 @@ class ChatStore:
             last_error=chat.last_error,
             queued_for_capacity=chat.queued_for_capacity,
             version=version,
+            mode=chat.mode,
+            client_type=chat.client_type,
+            context_error=chat.context_error,
+            warnings=chat.warnings,
         )
+
+
+def _details(c: Chat | ChatRecord) -> tuple[str, str, str, tuple[str, ...]]:
+    return (c.mode, c.client_type, c.context_error, c.warnings)
 
 
 def _unchanged(row: dict[str, Any], rec: ChatRecord) -> bool:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ CREATE TABLE IF NOT EXISTS chats (
   identity TEXT NOT NULL, chat_id TEXT NOT NULL, status TEXT NOT NULL,
   since REAL NOT NULL, clock TEXT NOT NULL, updated_at REAL, seen_at REAL NOT NULL,
   owner TEXT, title TEXT, workspace_id TEXT, parent_id TEXT, labels TEXT,
-  last_error TEXT, queued INTEGER, version INTEGER NOT NULL,
+  last_error TEXT, queued INTEGER, version INTEGER NOT NULL, details TEXT,
   PRIMARY KEY (identity, chat_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS nflog (
@@ -102,6 +103,15 @@ class Body(Protocol):
 
 
 class StateDB:
+    """The daemon's state in SQLite.
+
+    It degrades instead of dying: a write that fails (disk full, read-only, I/O error)
+    is counted and remembered in ``failing_since``, a failed batch is put back to be
+    written by the next flush, and the notification log and sweep progress are kept in
+    memory too, so a daemon that cannot write still never pages twice or acts twice.
+    A database that cannot be read at all is moved aside by :meth:`open`.
+    """
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,12 +119,24 @@ class StateDB:
         # worker thread (sqlite releases the GIL), everything else on the event loop.
         self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        self._db.execute(
-            "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,)
-        )
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(SCHEMA)
+            self._migrate()
+            self._db.execute(
+                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,)
+            )
+        except BaseException:
+            self._db.close()
+            raise
+        # Set by open() when a corrupt database was moved aside: (where it went, why).
+        self.reset_from: tuple[Path, str] | None = None
+        self.failing_since: float | None = None  # wall time of the first failed write
+        self.write_failures = 0
+        self.last_write_error = ""
+        self._nflog_mem: dict[tuple[str, str], NflogEntry] = {}
+        self._sweep_mem: dict[tuple[str, str, str], SweepEntry] = {}
         self._dirty: dict[tuple[str, str], ChatRecord | None] = {}
         # Alert and group state ride the same once-a-second transaction: a crash re-fires
         # at most a second's worth, and the notification log (written synchronously after
@@ -123,6 +145,71 @@ class StateDB:
         self._alerts: dict[str, StoredAlert | None] = {}
         self._dispatch: dict[tuple[str, str, str], Body | None] = {}
         self.writes = 0
+
+    @classmethod
+    def open(cls, path: str | Path) -> StateDB:
+        """Open (or create) the database. One that is not a database, or fails SQLite's
+        quick check, is moved aside (kept, never deleted) and a fresh one started; the
+        caller sees ``reset_from``. Permission and I/O errors are raised: those are the
+        operator's to fix, not a reason to forget state."""
+        path = Path(path)
+        try:
+            db = cls(path)
+            problem = db._quick_check()
+            if problem is None:
+                return db
+            db._db.close()
+        except sqlite3.OperationalError:
+            raise
+        except sqlite3.DatabaseError as exc:
+            problem = str(exc)
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(path) + suffix)
+            if src.exists():
+                src.rename(Path(str(aside) + suffix))
+        db = cls(path)
+        db.reset_from = (aside, problem)
+        return db
+
+    def _quick_check(self) -> str | None:
+        row = self._db.execute("PRAGMA quick_check(1)").fetchone()
+        result = row[0] if row else "no answer"
+        return None if result == "ok" else str(result)
+
+    @property
+    def persisting(self) -> bool:
+        return self.failing_since is None
+
+    def _failed(self, exc: BaseException) -> None:
+        self.write_failures += 1
+        self.last_write_error = f"{type(exc).__name__}: {exc}"[:300]
+        if self.failing_since is None:
+            self.failing_since = time.time()
+
+    def _succeeded(self) -> None:
+        self.failing_since = None
+
+    def probe(self) -> None:
+        """One small write, to learn whether writing works again (raises if not)."""
+        try:
+            with self._lock, self._begin():
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES ('probe', ?)",
+                    (str(time.time()),),
+                )
+        except (sqlite3.Error, OSError) as exc:
+            self._failed(exc)
+            raise
+        self._succeeded()
+
+    def _migrate(self) -> None:
+        """Bring a database written by an older build up to this schema in place."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(chats)")}
+        if "details" not in columns:
+            # Before 0.2: no mode / client_type / context error / warnings per chat.
+            self._db.execute("ALTER TABLE chats ADD COLUMN details TEXT")
 
     def close(self) -> None:
         self.flush()
@@ -142,9 +229,10 @@ class StateDB:
         return len(self._dirty) + len(self._alerts) + len(self._dispatch)
 
     def flush(self) -> int:
-        """Write what is pending now, on the calling thread."""
+        """Write what is pending now, on the calling thread (raises if it cannot; what
+        was pending stays pending)."""
         with self._lock:
-            return self._write(self._take())
+            return self._write_or_restore(self._take())
 
     async def flush_async(self) -> int:
         """Write what is pending in a worker thread, so a burst (ten thousand alerts and
@@ -163,9 +251,27 @@ class StateDB:
 
     def _write_and_release(self, batch: _Batch) -> int:
         try:
-            return self._write(batch)
+            return self._write_or_restore(batch)
         finally:
             self._lock.release()
+
+    def _write_or_restore(self, batch: _Batch) -> int:
+        try:
+            n = self._write(batch)
+        except (sqlite3.Error, OSError) as exc:
+            self._failed(exc)
+            # Put the batch back under anything marked since (newer wins).
+            dirty, alerts, dispatch = batch
+            for k, r in dirty.items():
+                self._dirty.setdefault(k, r)
+            for f, a in alerts.items():
+                self._alerts.setdefault(f, a)
+            for d, b in dispatch.items():
+                self._dispatch.setdefault(d, b)
+            raise
+        if n:
+            self._succeeded()
+        return n
 
     def _take(self) -> _Batch:
         batch = (self._dirty, self._alerts, self._dispatch)
@@ -182,7 +288,7 @@ class StateDB:
         with self._begin():
             if upserts:
                 self._db.executemany(
-                    "INSERT OR REPLACE INTO chats VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", upserts
+                    "INSERT OR REPLACE INTO chats VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", upserts
                 )
             if deletes:
                 self._db.executemany("DELETE FROM chats WHERE identity=? AND chat_id=?", deletes)
@@ -237,6 +343,9 @@ class StateDB:
     # -- notification log: what each receiver was last told, per group ----------
 
     def nflog_get(self, receiver: str, group_key: str) -> NflogEntry | None:
+        mem = self._nflog_mem.get((receiver, group_key))
+        if mem is not None:
+            return mem
         rows = self._query(
             "SELECT firing, resolved, sent_at, expires_at FROM nflog "
             "WHERE receiver=? AND group_key=?",
@@ -255,7 +364,9 @@ class StateDB:
         )
 
     def nflog_put(self, entry: NflogEntry) -> None:
-        """Written only after a successful send: a failed flush is simply retried."""
+        """Written only after a successful send: a failed flush is simply retried. Kept in
+        memory too, so a disk that refuses the write cannot make the next flush re-page."""
+        self._nflog_mem[(entry.receiver, entry.group_key)] = entry
         with self._tx():
             self._db.execute(
                 "INSERT OR REPLACE INTO nflog VALUES (?,?,?,?,?,?)",
@@ -270,9 +381,12 @@ class StateDB:
             )
 
     def nflog_gc(self, now: float) -> int:
+        for key in [k for k, e in self._nflog_mem.items() if e.expires_at < now]:
+            del self._nflog_mem[key]
+        cur = None
         with self._tx():
             cur = self._db.execute("DELETE FROM nflog WHERE expires_at < ?", (now,))
-        return cur.rowcount
+        return cur.rowcount if cur is not None else 0
 
     # -- alerts held by aggregation groups, so a restart loses no pending resolve --
 
@@ -292,6 +406,9 @@ class StateDB:
     # -- sweep progress: what was done to which chat, so a restart never acts twice ---
 
     def sweep_get(self, identity: str, chat_id: str, policy: str) -> SweepEntry | None:
+        mem = self._sweep_mem.get((identity, chat_id, policy))
+        if mem is not None:
+            return mem
         rows = self._query(
             "SELECT since, state, attempts, updated, detail FROM sweep "
             "WHERE identity=? AND chat_id=? AND policy=?",
@@ -300,6 +417,8 @@ class StateDB:
         return SweepEntry(identity, chat_id, policy, *rows[0]) if rows else None
 
     def sweep_put(self, e: SweepEntry) -> None:
+        # In memory too: a sweep must never act twice because a write failed.
+        self._sweep_mem[(e.identity, e.chat_id, e.policy)] = e
         with self._tx():
             self._db.execute(
                 "INSERT OR REPLACE INTO sweep VALUES (?,?,?,?,?,?,?,?)",
@@ -321,7 +440,10 @@ class StateDB:
             "FROM sweep WHERE state=?",
             (state,),
         )
-        return [SweepEntry(*r) for r in rows]
+        mem = self._sweep_mem
+        stored = [SweepEntry(*r) for r in rows]
+        out = [e for e in stored if (e.identity, e.chat_id, e.policy) not in mem]
+        return out + [e for e in mem.values() if e.state == state]
 
     # -- runtime silences -----------------------------------------------------------
 
@@ -346,9 +468,16 @@ class StateDB:
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:
-        """A write transaction on the calling thread."""
-        with self._lock, self._begin():
-            yield
+        """A write transaction on the calling thread. A write that fails is counted and
+        logged by the caller's state watch, never raised into the alert path: the daemon
+        keeps watching and alerting while its disk is full."""
+        try:
+            with self._lock, self._begin():
+                yield
+        except (sqlite3.Error, OSError) as exc:
+            self._failed(exc)
+        else:
+            self._succeeded()
 
     @contextlib.contextmanager
     def _begin(self) -> Iterator[None]:
@@ -357,9 +486,15 @@ class StateDB:
         try:
             yield
         except BaseException:
-            self._db.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        try:
+            self._db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+            raise
 
 
 def _dumps(obj: Any) -> str:
@@ -414,6 +549,9 @@ def _row(r: ChatRecord) -> tuple[Any, ...]:
         err,
         None if r.queued_for_capacity is None else int(r.queued_for_capacity),
         r.version,
+        _dumps([r.mode, r.client_type, r.context_error, r.warnings])
+        if r.mode or r.client_type or r.context_error or r.warnings
+        else None,
     )
 
 
@@ -434,8 +572,12 @@ def _record(row: Iterable[Any]) -> ChatRecord:
         err,
         queued,
         version,
+        details,
     ) = row
     last_error = ChatError(**orjson.loads(err)) if err else None
+    mode, client_type, context_error, warnings = (
+        orjson.loads(details) if details else ("", "", "", ())
+    )
     return ChatRecord(
         identity=identity,
         chat_id=chat_id,
@@ -452,4 +594,8 @@ def _record(row: Iterable[Any]) -> ChatRecord:
         last_error=last_error,
         queued_for_capacity=None if queued is None else bool(queued),
         version=version,
+        mode=mode,
+        client_type=client_type,
+        context_error=context_error,
+        warnings=tuple(warnings),
     )

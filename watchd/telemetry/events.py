@@ -1,7 +1,7 @@
 """The transport-event seam: one sink that every producer writes into.
 
 watchd's own HTTP and WebSocket traffic and the events agents send to the
-ingest endpoint are the same shapes (``spec/transport-events.md``) and take
+ingest endpoint are the same shapes (docs/forwarding-events.md) and take
 the same path. Producers call :meth:`EventSink.emit`, which must never block
 and never raise: a slow or broken consumer costs counted drops, not watcher
 progress.
@@ -31,8 +31,10 @@ class EventSource:
 
 def own_source(identity: str) -> EventSource:
     """The source for watchd's own traffic on behalf of one identity."""
+    # OTEL_SERVICE_NAME names watchd's own service, as for any OpenTelemetry SDK user.
+    service = os.environ.get("OTEL_SERVICE_NAME", "").strip() or "watchd"
     return EventSource(
-        service="watchd", instance=f"{socket.gethostname()}:{os.getpid()}", agent=identity
+        service=service, instance=f"{socket.gethostname()}:{os.getpid()}", agent=identity
     )
 
 

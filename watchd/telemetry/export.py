@@ -58,6 +58,37 @@ class CountingExporter(SpanExporter):
         return self.inner.force_flush(timeout_millis)
 
 
+def effective_otlp(*, protocol: str, endpoint: str | None) -> tuple[str, str]:
+    """The OTLP protocol and traces endpoint the exporter will really use: the standard
+    ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`` / ``_ENDPOINT`` variables win over the YAML."""
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or protocol
+    )
+    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if traces:
+        return protocol, traces
+    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or endpoint
+    if protocol == "grpc":
+        return protocol, base or "http://localhost:4317"
+    # OTLP/HTTP appends the signal path to a base endpoint (the spec's rule).
+    return protocol, (base or "http://localhost:4318").rstrip("/") + "/v1/traces"
+
+
+def printable_endpoint(url: str) -> str:
+    """An endpoint for a log line: no userinfo, query or fragment (they can carry keys)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        netloc = host + (f":{parts.port}" if parts.port else "")
+    except ValueError:
+        return "(unparseable)"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 def build_exporter(
     *, kind: str, protocol: str, endpoint: str | None, timeout: float
 ) -> SpanExporter | None:
@@ -68,11 +99,7 @@ def build_exporter(
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
-    protocol = (
-        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or protocol
-    )
+    protocol, _ = effective_otlp(protocol=protocol, endpoint=endpoint)
     env_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT"
     )

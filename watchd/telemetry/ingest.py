@@ -114,6 +114,19 @@ def parse_batch(
     body: bytes, *, content_type: str, query: Mapping[str, str]
 ) -> list[tuple[EventSource, dict[str, Any]]]:
     """All events of a batch with their senders, or IngestError for the first problem."""
+    try:
+        return _parse_batch(body, content_type=content_type, query=query)
+    except RecursionError:
+        # json's decoder recurses per nesting level: a body nested thousands deep is an
+        # operator's (or an attacker's) mistake, answered 400, never a 500 with a traceback.
+        raise IngestError("body: JSON nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise IngestError(f"body: not UTF-8 (byte {exc.start})") from None
+
+
+def _parse_batch(
+    body: bytes, *, content_type: str, query: Mapping[str, str]
+) -> list[tuple[EventSource, dict[str, Any]]]:
     text = body.decode("utf-8", "strict") if body else ""
     out: list[tuple[EventSource, dict[str, Any]]] = []
     if (

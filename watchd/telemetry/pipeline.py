@@ -19,6 +19,8 @@ from watchd.telemetry.spans import SpanConverter
 log = logs.get("watchd.telemetry")
 
 EXPIRE_EVERY = 5.0
+# Events converted per loop turn at most (then the loop runs everything else once).
+BATCH = 500
 
 
 class SpanPipeline:
@@ -30,6 +32,7 @@ class SpanPipeline:
         self.export = export
         self.by_name: Counter[str] = Counter()
         self.by_source: Counter[str] = Counter()
+        self.batches = 0
 
     async def run(self) -> None:
         queue = self.sink.queue
@@ -43,10 +46,14 @@ class SpanPipeline:
                 pass
             else:
                 self._convert(source, event)
-                # Drain what is already there without yielding per event.
-                for _ in range(min(queue.qsize(), 1000)):
+                # Drain what is already there without yielding per event, but give the
+                # loop back after every batch: `queue.get()` does not suspend while items
+                # are queued, so without this a flood would hold the loop for its length.
+                for _ in range(min(queue.qsize(), BATCH)):
                     source, event = queue.get_nowait()
                     self._convert(source, event)
+                self.batches += 1
+                await asyncio.sleep(0)
             now = time.monotonic()
             if now - last_expire >= EXPIRE_EVERY:
                 last_expire = now

@@ -1,4 +1,4 @@
-"""Transport and segment events → span records (``spec/transport-events.md``). Pure.
+"""Transport and segment events → span records (docs/forwarding-events.md). Pure.
 
 Pairs are keyed so that concurrency cannot cross wires:
 
@@ -10,7 +10,10 @@ Pairs are keyed so that concurrency cannot cross wires:
 - segments: (sender incl. agent, segment).
 
 Open pairs are bounded by a horizon and a cap; what falls out becomes an ERROR span marked
-unsettled and is counted. Ends with no start still become spans (start = end − durationMs).
+unsettled and is counted. Every event costs O(1) however many pairs are open: open
+segments and connections are indexed by (sender, chat), so a redial or a segment's links
+never scan the open table, and redials waiting for their connection are capped per
+connection. Ends with no start still become spans (start = end − durationMs).
 Timestamps come from the events, never from when we processed them. IDs are allocated
 here, so a segment can link to the connections that served it.
 """
@@ -32,6 +35,8 @@ CHAT_IN_PATH = re.compile(r"/chats/(" + UUID.pattern + r")")
 MEANINGFUL_STREAM_EVENTS = frozenset({"status", "error", "retry", "action_required"})
 MAX_SPAN_EVENTS = 32
 RECENT_CONNECTIONS = 8
+# Redial events kept per (sender, chat, reader) until a dial picks them up.
+MAX_PENDING_REDIALS = MAX_SPAN_EVENTS
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,9 @@ class SpanConverter:
         self._rng = rng or random.Random()
         self._open: OrderedDict[tuple[Any, ...], _Open] = OrderedDict()
         self._recent: OrderedDict[tuple[Any, ...], deque[tuple[int, int, int, int]]] = OrderedDict()
-        self._pending_redials: OrderedDict[tuple[Any, ...], list[SpanEvent]] = OrderedDict()
+        self._pending_redials: OrderedDict[tuple[Any, ...], deque[SpanEvent]] = OrderedDict()
+        # (kind, sender, chat) -> keys of open segments / connections, oldest first.
+        self._index: dict[tuple[Any, ...], dict[tuple[Any, ...], None]] = {}
         self.counters = {
             "events": 0,
             "spans": 0,
@@ -136,6 +143,9 @@ class SpanConverter:
             "superseded": 0,
             "ws_events": 0,
             "ignored": 0,
+            "redials_dropped": 0,
+            # Open pairs looked at while handling events: stays O(events), never O(open).
+            "scanned": 0,
         }
 
     # -- ids --------------------------------------------------------------------------
@@ -173,18 +183,50 @@ class SpanConverter:
         self.counters["spans"] += len(out)
         return out
 
+    @staticmethod
+    def _index_key(key: tuple[Any, ...], item: _Open) -> tuple[Any, ...] | None:
+        if key[0] == "segment":
+            return ("segment", key[1], item.attributes.get("coder.chat.id"))
+        if key[0] == "ws":
+            return ("ws", key[1], key[2])
+        return None
+
+    def _pop(self, key: tuple[Any, ...]) -> _Open | None:
+        item = self._open.pop(key, None)
+        if item is not None:
+            ikey = self._index_key(key, item)
+            if ikey is not None:
+                keys = self._index.get(ikey)
+                if keys is not None:
+                    keys.pop(key, None)
+                    if not keys:
+                        del self._index[ikey]
+        return item
+
     def _store(self, key: tuple[Any, ...], item: _Open) -> list[SpanRecord]:
         out: list[SpanRecord] = []
         if key in self._open:
             # Same key while open: only possible for legacy (reader-less) interleaving.
             self.counters["superseded"] += 1
-            out.append(self._unsettled(self._open.pop(key), "superseded"))
+            old = self._pop(key)
+            assert old is not None
+            out.append(self._unsettled(old, "superseded"))
         self._open[key] = item
+        ikey = self._index_key(key, item)
+        if ikey is not None:
+            self._index.setdefault(ikey, {})[key] = None
         while len(self._open) > self.max_open:
-            _, oldest = self._open.popitem(last=False)
+            oldest_key = next(iter(self._open))
+            oldest = self._pop(oldest_key)
+            assert oldest is not None
             self.counters["evicted"] += 1
             out.append(self._unsettled(oldest, "evicted"))
         return out
+
+    def _indexed(self, kind: str, src: EventSource, chat: Any) -> list[tuple[Any, ...]]:
+        keys = list(self._index.get((kind, self._who(src), chat), ()))
+        self.counters["scanned"] += len(keys)
+        return keys
 
     def _unsettled(self, o: _Open, why: str) -> SpanRecord:
         self.counters["unsettled"] += 1
@@ -197,7 +239,9 @@ class SpanConverter:
         limit = (now_ms - self.horizon_ms) * MS
         out = []
         for key in [k for k, o in self._open.items() if o.start_ns < limit]:
-            out.append(self._unsettled(self._open.pop(key), "horizon"))
+            item = self._pop(key)
+            assert item is not None
+            out.append(self._unsettled(item, "horizon"))
         self.counters["spans"] += len(out)
         return out
 
@@ -221,7 +265,7 @@ class SpanConverter:
 
     def _http_end(self, src: EventSource, ev: Mapping[str, Any], ts: int) -> list[SpanRecord]:
         key = ("http", self._who(src), str(ev.get("id")))
-        o = self._open.pop(key, None)
+        o = self._pop(key)
         if o is None:
             self.counters["unmatched_ends"] += 1
             method = str(ev.get("method", "GET")).upper()
@@ -283,7 +327,7 @@ class SpanConverter:
             attrs,
             last_ns=ts,
         )
-        o.events.extend(self._pending_redials.pop(("redial", self._who(src), chat, reader), []))
+        o.events.extend(self._pending_redials.pop(("redial", self._who(src), chat, reader), ()))
         return self._store(self._conn_key(src, ev), o)
 
     def _event(self, o: _Open, e: SpanEvent) -> None:
@@ -323,7 +367,7 @@ class SpanConverter:
         return []
 
     def _ws_close(self, src: EventSource, ev: Mapping[str, Any], ts: int) -> list[SpanRecord]:
-        o = self._open.pop(self._conn_key(src, ev), None)
+        o = self._pop(self._conn_key(src, ev))
         if o is None:
             self.counters["unmatched_ends"] += 1
             trace, span = self._ids()
@@ -376,7 +420,12 @@ class SpanConverter:
             self._event(seg, e)
         else:
             key = ("redial", self._who(src), chat, reader)
-            self._pending_redials.setdefault(key, []).append(e)
+            pending = self._pending_redials.get(key)
+            if pending is None:
+                pending = self._pending_redials[key] = deque(maxlen=MAX_PENDING_REDIALS)
+            if len(pending) == MAX_PENDING_REDIALS:
+                self.counters["redials_dropped"] += 1  # the oldest goes; the latest matter
+            pending.append(e)
             self._pending_redials.move_to_end(key)
             while len(self._pending_redials) > self.max_open:
                 self._pending_redials.popitem(last=False)
@@ -385,13 +434,9 @@ class SpanConverter:
     # -- segments ---------------------------------------------------------------------
 
     def _segment_for(self, src: EventSource, chat: Any, reader: int | None) -> _Open | None:
-        for key, o in reversed(self._open.items()):
-            if (
-                key[0] == "segment"
-                and key[1] == self._who(src)
-                and o.attributes.get("coder.chat.id") == chat
-                and o.attributes.get("coder.stream.reader", reader) == reader
-            ):
+        for key in reversed(self._indexed("segment", src, chat)):
+            o = self._open[key]
+            if o.attributes.get("coder.stream.reader", reader) == reader:
                 return o
         return None
 
@@ -407,7 +452,7 @@ class SpanConverter:
 
     def _segment_settle(self, src: EventSource, ev: Mapping[str, Any], ts: int) -> list[SpanRecord]:
         key = ("segment", self._who(src), ev.get("segment"))
-        o = self._open.pop(key, None)
+        o = self._pop(key)
         if o is None:
             self.counters["unmatched_ends"] += 1
             duration = ev.get("durationMs")
@@ -449,13 +494,8 @@ class SpanConverter:
         ):
             if c_start <= end and c_end >= o.start_ns:
                 links.append(SpanLink(trace_id, span_id, {"coder.link": "served_by"}))
-        for ckey, c in self._open.items():
-            if (
-                ckey[0] == "ws"
-                and ckey[1] == self._who(src)
-                and ckey[2] == chat
-                and ckey[3] == reader
-                and c.start_ns <= end
-            ):
+        for ckey in self._indexed("ws", src, chat):
+            c = self._open[ckey]
+            if ckey[3] == reader and c.start_ns <= end:
                 links.append(SpanLink(c.trace_id, c.span_id, {"coder.link": "served_by"}))
         return [o.finish(end, status, description, tuple(links))]

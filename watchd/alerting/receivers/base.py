@@ -6,6 +6,7 @@ or key: for Slack the webhook URL *is* the secret.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -14,7 +15,12 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from watchd import logs
 from watchd.alerting.model import Alert
+from watchd.coder.backoff import retry_hint
+from watchd.secrets import REGISTRY
+
+log = logs.get("watchd.alerting")
 
 ZERO_TIME = "0001-01-01T00:00:00Z"
 
@@ -113,14 +119,17 @@ class HttpAnswer:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# A receiver's answer is read only this far: it is a status and a short reason, and a
+# receiver that streams forever must not fill our memory.
+MAX_ANSWER = 8 * 1024
+# Answers longer than MAX_ANSWER (only the start was read), for /status and /metrics.
+READ_CAPS = {"receiver_answers": 0}
+
+
 def retry_after(headers: Mapping[str, str]) -> float | None:
-    value = {k.lower(): v for k, v in headers.items()}.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
+    """The receiver's hint (``Retry-After`` seconds or HTTP-date, ``retry-after-ms``,
+    ``X-RateLimit-Reset``), capped at MAX_HINT like every server's hint."""
+    return retry_hint(headers, server_now=time.time())
 
 
 async def post(
@@ -141,7 +150,11 @@ async def post(
             timeout=aiohttp.ClientTimeout(total=deadline),
             allow_redirects=False,
         ) as r:
-            text = (await r.read()).decode("utf-8", "replace")[:2000]
+            raw = await r.content.read(MAX_ANSWER)
+            if not r.content.at_eof():
+                READ_CAPS["receiver_answers"] += 1
+                log.warning("receiver.answer_cut", receiver=who, read_bytes=MAX_ANSWER)
+            text = raw.decode("utf-8", "replace")[:2000]
             return HttpAnswer(r.status, dict(r.headers), text)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise NotifyError(f"{who}: network error: {type(exc).__name__}", retryable=True) from None
@@ -153,7 +166,8 @@ def classify_http(
     """Generic classification: 2xx ok; 408/425/429/5xx retryable; other 4xx permanent."""
     if answer.status in ok:
         return
-    snippet = answer.text.strip().replace("\n", " ")[:200]
+    # A provider may quote the request (part of a webhook URL, a key): scrub it.
+    snippet = REGISTRY.scrub(answer.text.strip().replace("\n", " ")[:200])
     retryable = answer.status in (408, 425, 429) or answer.status >= 500
     raise NotifyError(
         f"{who}: HTTP {answer.status}: {snippet}",

@@ -1,0 +1,66 @@
+"""Every library's log records and warnings leave as the same JSON lines, secrets scrubbed."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+from watchd import logs
+from watchd.secrets import REGISTRY
+
+
+@pytest.fixture
+def stream() -> Iterator[io.StringIO]:
+    buf = io.StringIO()
+    logs.configure(json=True, stream=buf)
+    yield buf
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if getattr(h, "_watchd", False)]:
+        root.removeHandler(h)
+    logging.captureWarnings(False)
+    structlog.reset_defaults()
+
+
+def lines(buf: io.StringIO) -> list[dict[str, object]]:
+    return [json.loads(line) for line in buf.getvalue().splitlines()]
+
+
+def test_stdlib_loggers_render_as_json(stream: io.StringIO) -> None:
+    """OpenTelemetry SDK, aiohttp and asyncio records are JSON with logger and level."""
+    logging.getLogger("opentelemetry.sdk._shared_internal").warning("Transient error %s", "X")
+    logging.getLogger("aiohttp.server").error("Error handling request")
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("asyncio").exception("Task exception was never retrieved")
+    got = lines(stream)
+    assert [(e["logger"], e["level"], e["event"]) for e in got] == [
+        ("opentelemetry.sdk._shared_internal", "warning", "Transient error X"),
+        ("aiohttp.server", "error", "Error handling request"),
+        ("asyncio", "error", "Task exception was never retrieved"),
+    ]
+    assert "RuntimeError: boom" in str(got[2]["exception"])
+
+
+def test_python_warnings_become_json_lines(stream: io.StringIO) -> None:
+    """A `warnings.warn` from any library is one JSON line, not stderr text."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        logging.captureWarnings(True)
+        warnings.warn("old API", UserWarning, stacklevel=1)
+    (event,) = lines(stream)
+    assert event["logger"] == "py.warnings" and "UserWarning: old API" in str(event["event"])
+
+
+def test_library_records_are_scrubbed_of_secrets(stream: io.StringIO) -> None:
+    """A secret inside a library's message is redacted like in our own events."""
+    REGISTRY.add("library-leaked-secret-42")
+    logging.getLogger("aiohttp.client").warning("url had library-leaked-secret-42 in it")
+    (event,) = lines(stream)
+    assert "library-leaked-secret-42" not in json.dumps(event)

@@ -1,0 +1,124 @@
+"""State degrades instead of dying: one daemon per state_dir, a corrupt database moved
+aside, a full disk that keeps watching and alerting and says so until writes succeed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from watchd.alerting.model import Alert
+from watchd.daemon.statewatch import StateWatch
+from watchd.detection.detector import Detector
+from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.lock import StateInUse, StateLock
+from watchd.store.persistence import NflogEntry, StateDB
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.alerts: list[Alert] = []
+
+    def put(self, alert: Alert) -> None:
+        self.alerts.append(alert)
+
+    def names(self) -> list[tuple[str, str]]:
+        return [(a.name, a.status) for a in self.alerts]
+
+
+def test_a_second_holder_of_the_state_dir_is_refused_naming_the_first(tmp_path: Path) -> None:
+    """The state directory is locked for the holder's life; a second lock names its pid;
+    once released (as the kernel does when a process dies) it can be taken again."""
+    first = StateLock.acquire(tmp_path)
+    with pytest.raises(StateInUse, match=rf"in use by another watchd \(pid {os.getpid()}\)"):
+        StateLock.acquire(tmp_path)
+    first.release()
+    StateLock.acquire(tmp_path).release()
+
+
+def test_a_corrupt_database_is_moved_aside_and_state_starts_empty(tmp_path: Path) -> None:
+    """A file that is not a database is kept aside (never deleted), a fresh database is
+    started, and reset_from says where the old one went and why."""
+    path = tmp_path / "watchd.sqlite3"
+    path.write_bytes(b"this is not sqlite" * 100)
+    db = StateDB.open(path)
+    try:
+        assert db.reset_from is not None
+        aside, why = db.reset_from
+        assert aside.read_bytes().startswith(b"this is not sqlite")
+        assert "not a database" in why
+        assert db.load_chats() == []
+        db.mark(ChatRecord("a", "c1", "running", 1.0, "transition", 1.0, 1.0))
+        db.flush()
+        assert len(db.load_chats()) == 1
+    finally:
+        db.close()
+
+
+def _fill_the_disk(db: StateDB) -> None:
+    """SQLite's own ceiling: past max_page_count every write fails with SQLITE_FULL, as on
+    a full disk."""
+    pages = db._db.execute("PRAGMA page_count").fetchone()[0]
+    db._db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def _free_the_disk(db: StateDB) -> None:
+    db._db.execute("PRAGMA max_page_count = 1073741823")
+
+
+async def test_a_full_disk_keeps_state_pending_and_says_so_until_writes_succeed(
+    tmp_path: Path,
+) -> None:
+    """Writes failing with 'database or disk is full' never stop the flusher: the batch
+    stays pending, StateNotPersisted (critical) fires once, the notification log still
+    deduplicates in memory, and when space returns the batch is written and it resolves."""
+    db = StateDB.open(tmp_path / "watchd.sqlite3")
+    sink = Sink()
+    det = Detector(store=ChatStore(), sink=sink, db=db)
+    watch = StateWatch(db=db, detector=det, state_dir=str(tmp_path))
+    watch.backoff.cap = 0.2
+    _fill_the_disk(db)
+    for i in range(2_000):
+        db.mark(ChatRecord("a", f"c{i}", "running", 1.0, "transition", 1.0, 1.0, title="x" * 200))
+    entry = NflogEntry("hook", "g1", frozenset({"fp"}), frozenset(), 1.0, 9e9)
+    db.nflog_put(entry)
+    task = asyncio.create_task(watch.run())
+    try:
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if sink.alerts:
+                break
+        assert sink.names() == [("StateNotPersisted", "firing")]
+        assert sink.alerts[0].labels["severity"] == "critical"
+        assert db.pending >= 2_000 and db.write_failures >= 1 and not db.persisting
+        assert db.nflog_get("hook", "g1") == entry
+        _free_the_disk(db)
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if len(sink.alerts) > 1:
+                break
+        assert sink.names() == [("StateNotPersisted", "firing"), ("StateNotPersisted", "resolved")]
+        assert db.persisting
+        assert len(db.load_chats()) == 2_000
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        db.close()
+
+
+async def test_state_reset_is_announced_after_a_corrupt_start(tmp_path: Path) -> None:
+    """A start that moved a corrupt database aside raises StateReset naming where it went."""
+    path = tmp_path / "watchd.sqlite3"
+    path.write_bytes(b"\x00garbage" * 512)
+    db = StateDB.open(path)
+    sink = Sink()
+    det = Detector(store=ChatStore(), sink=sink, db=db)
+    StateWatch(db=db, detector=det, state_dir=str(tmp_path)).start()
+    try:
+        assert sink.names() == [("StateReset", "firing")]
+        assert ".corrupt-" in sink.alerts[0].annotations["summary"]
+    finally:
+        db.close()

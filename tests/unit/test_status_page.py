@@ -1,0 +1,151 @@
+"""The /status document and page at scale: paginated, capped with counts, classified in
+chunks that yield to the loop; silenced and inhibited alerts marked; chats linked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from watchd.alerting.model import Alert
+from watchd.alerting.silencing import Silence
+from watchd.clock import ServerClock
+from watchd.config import parse_config, resolve_secrets
+from watchd.daemon import status
+from watchd.daemon.app import Daemon
+from watchd.daemon.status import StatusQuery, chart_svg, status_document, status_html
+from watchd.detection.health import IdentityHealth
+from watchd.matchers import parse_matchers
+
+N = 20_000
+DEPLOYMENT = "https://coder.example.com"
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Daemon]:
+    """A daemon (not running) holding 20 000 firing ChatStuck alerts over two identities."""
+    monkeypatch.setenv("WATCHD_TEST_TOKEN", "token-value-0123456789")
+    config = parse_config(
+        {
+            "identities": [
+                {"name": n, "url": DEPLOYMENT, "token_env": "WATCHD_TEST_TOKEN"}
+                for n in ("team-a", "team-b")
+            ],
+            "state_dir": str(tmp_path),
+            "telemetry": {"exporter": "none"},
+        }
+    )
+    d = Daemon(config, resolve_secrets(config))
+    for name in ("team-a", "team-b"):
+        d.health[name] = IdentityHealth(
+            name=name, deployment=DEPLOYMENT, server_clock=ServerClock(), unhealthy_after=60
+        )
+    now = 1_800_000_000.0
+    for i in range(N):
+        ident = "team-a" if i % 2 else "team-b"
+        chat = f"chat-{i:05d}"
+        d.detector.firing[f"fp{i}"] = Alert(
+            fingerprint=f"fp{i}",
+            labels={
+                "alertname": "ChatStuck" if i % 10 else "ChatStranded",
+                "identity": ident,
+                "status": "running",
+                "chat_id": chat,
+            },
+            annotations={
+                "summary": f'Chat "t{i}" has been running for 40m (budget 30m)',
+                "title": f"turn <{i}>",
+                "time_in_status": "40m",
+                "time_in_status_seconds": "2400",
+                "budget": "30m",
+                "link": f"{DEPLOYMENT}/agents/{chat}",
+                "hint": "deployment concurrency cap reached",
+            },
+            starts_at=now + i,
+        )
+    d.silencer.add(
+        Silence(
+            id="s1",
+            matchers=parse_matchers(['identity="team-b"', 'alertname="ChatStranded"']),
+            starts_at=0,
+            ends_at=4e9,
+        )
+    )
+    yield d
+    d.db.close()
+
+
+async def test_json_is_capped_with_counts_for_everything(daemon: Daemon) -> None:
+    """/status JSON carries one page of alerts and counts for all 20 000."""
+    doc = await status_document(daemon)
+    al = doc["alerts"]
+    assert len(al["firing"]) == status.JSON_LIMIT and al["firing_total"] == N
+    assert al["next_offset"] == status.JSON_LIMIT
+    assert al["counts"]["by_state"] == {"active": N - 2000, "silenced": 2000, "inhibited": 0}
+    assert al["counts"]["by_identity"] == {"team-a": N // 2, "team-b": N // 2}
+    assert len(json.dumps(doc)) < 1_000_000
+
+
+async def test_json_pages_and_filters(daemon: Daemon) -> None:
+    """offset/limit page through; identity, alertname and state filter before paging."""
+    doc = await status_document(
+        daemon, StatusQuery(identity="team-b", alertname="ChatStranded", offset=1900, limit=200)
+    )
+    al = doc["alerts"]
+    assert al["matching"] == 2000 and len(al["firing"]) == 100 and al["next_offset"] is None
+    assert {a["state"] for a in al["firing"]} == {"silenced"}
+    assert all(a["labels"]["identity"] == "team-b" for a in al["firing"])
+
+
+async def test_html_page_at_20000_alerts_is_under_a_megabyte_and_paginates(
+    daemon: Daemon,
+) -> None:
+    """The HTML view renders one page (≤ 1 MB), links the next, and links each chat."""
+    doc = await status_document(daemon, StatusQuery(limit=status.HTML_PAGE))
+    page = status_html(doc)
+    assert len(page.encode()) <= 1_000_000
+    assert page.count("<tr class='alert") == status.HTML_PAGE
+    assert "rel='next' href='status?format=html&amp;page=2'" in page
+    assert f"href='{DEPLOYMENT}/agents/chat-00001'" in page
+    assert "turn &lt;1&gt;" in page and "turn <1>" not in page
+    assert "token-value-0123456789" not in page
+
+
+async def test_classification_yields_to_the_loop(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Classifying 20 000 alerts hands the loop back every CHUNK alerts (so /healthz runs)."""
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    before = ticks
+    await status.classify(daemon, 1_900_000_000.0)
+    during = ticks - before
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert during >= N // status.CHUNK - 1
+
+
+def test_chart_is_server_rendered_svg_per_status() -> None:
+    """The last-hour chart is an inline SVG with one polyline per status seen."""
+    now = 10_000.0
+    series = [
+        {"t": now - 3000, "chats": {"running": 2, "waiting": 1}},
+        {"t": now - 60, "chats": {"running": 5}},
+    ]
+    svg = chart_svg("team-a", series, now, 3600.0)
+    assert svg.startswith("<svg class='chart' data-identity='team-a'")
+    assert svg.count("<polyline") == 2
+    assert "data-status='running'" in svg and "running 5" in svg
+    assert "<script" not in svg

@@ -1,0 +1,128 @@
+"""The dead man's switch: "alive and seeing", said every interval, only while true.
+
+A monitor that stops is silent, and silence reads as "all is well". Every
+``heartbeat.interval`` watchd asks itself whether it is healthy — the event loop
+responsive, no root task dead, every identity ready or already alerted (its
+IdentityUnhealthy firing), state persisting — and only then sends the always-firing
+``Watchdog`` alert to the configured receivers (the Prometheus convention that dead man's
+switch services and PagerDuty-style heartbeat integrations expect) and GETs the ping URL
+(the push style of healthchecks.io and Uptime Kuma). A wedged, stopped or blind watchd
+sends nothing, and the service on the other side raises the alarm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable, Mapping
+
+import aiohttp
+
+from watchd import logs
+from watchd.alerting.model import Alert, fingerprint
+from watchd.alerting.receivers.base import MAX_ANSWER, Notification, Notifier, NotifyError
+from watchd.config import HeartbeatConfig
+
+log = logs.get("watchd.heartbeat")
+
+GROUP_KEY = '{}:{alertname="Watchdog"}'
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        *,
+        config: HeartbeatConfig,
+        url: str | None,
+        notifiers: Mapping[str, Notifier],
+        session: aiohttp.ClientSession,
+        healthy: Callable[[], str | None],
+    ) -> None:
+        """``healthy()`` returns None when all is well, else why not (for the log)."""
+        self.config = config
+        self._url = url
+        self.notifiers = {n: notifiers[n] for n in config.receivers}
+        self.session = session
+        self.healthy = healthy
+        self.instance = socket.gethostname()
+        self.started = time.time()
+        self.sent = 0
+        self.failed = 0
+        self.withheld = 0
+        self.last_sent: float | None = None
+        self.withheld_because = ""
+
+    def alert(self) -> Alert:
+        return Alert(
+            fingerprint=fingerprint(self.instance, "Watchdog"),
+            labels={"alertname": "Watchdog", "severity": "none", "instance": self.instance},
+            starts_at=self.started,
+            annotations={
+                "summary": "watchd is alive and seeing: its loop runs, every identity is "
+                "watched or already alerted, and its state persists",
+                "description": "An always-firing heartbeat. Route it to a dead man's switch: "
+                "when it stops arriving, watchd has stopped, wedged or gone blind.",
+            },
+        )
+
+    async def run(self) -> None:
+        interval = self.config.interval
+        while True:
+            why = self.healthy()
+            if why is not None:
+                self.withheld += 1
+                if why != self.withheld_because:
+                    log.warning("heartbeat.withheld", because=why)
+                self.withheld_because = why
+            else:
+                if self.withheld_because:
+                    log.info("heartbeat.resumed", after=self.withheld_because)
+                    self.withheld_because = ""
+                await self.beat()
+            await asyncio.sleep(interval)
+
+    async def beat(self) -> None:
+        jobs = [self._notify(name, n) for name, n in self.notifiers.items()]
+        if self._url is not None:
+            jobs.append(self._ping(self._url))
+        results = await asyncio.gather(*jobs)
+        if any(results):
+            self.last_sent = time.time()
+
+    async def _notify(self, name: str, notifier: Notifier) -> bool:
+        n = Notification(
+            receiver=name,
+            group_key=GROUP_KEY,
+            group_labels={"alertname": "Watchdog"},
+            alerts=(self.alert(),),
+        )
+        try:
+            async with asyncio.timeout(self.config.timeout):
+                await notifier.notify(n)
+        except (NotifyError, TimeoutError) as exc:
+            self.failed += 1
+            log.warning("heartbeat.failed", receiver=name, error=str(exc)[:300])
+            return False
+        self.sent += 1
+        return True
+
+    async def _ping(self, url: str) -> bool:
+        try:
+            async with self.session.get(
+                url,
+                timeout=aiohttp.ClientTimeout(total=self.config.timeout),
+                allow_redirects=False,
+            ) as r:
+                await r.content.read(MAX_ANSWER)
+                ok = 200 <= r.status < 300
+                status = f"HTTP {r.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            ok, status = False, type(exc).__name__
+        if not ok:
+            self.failed += 1
+            # The URL carries its check's key: never logged.
+            log.warning("heartbeat.ping_failed", answer=status)
+            return False
+        self.sent += 1
+        return True

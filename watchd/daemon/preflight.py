@@ -1,0 +1,82 @@
+"""What ``run`` would die on, checked before it starts: the state directory and the
+listen address.
+
+``check-config`` reports these as problems; ``run`` turns them (and the same
+failures if they happen anyway, in a race) into one line naming the setting and
+exit 2 — an operator's mistake never reaches them as a traceback. Nothing here
+keeps a resource: the probe socket is closed, the probe file removed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+
+def effective_state_dir(configured: str) -> Path:
+    """``$STATE_DIRECTORY`` (systemd's StateDirectory=) wins over the config's state_dir."""
+    return Path(os.environ.get("STATE_DIRECTORY", "").split(":")[0] or configured)
+
+
+class StartupError(Exception):
+    """An operator-fixable reason the daemon cannot start; the message names the setting."""
+
+
+def check_state_dir(path: Path, *, setting: str = "state_dir") -> str | None:
+    """None when the directory is writable, or could be created (without creating it:
+    ``check-config`` has no side effects; ``run`` creates it)."""
+    if not path.exists():
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            return f"{setting}: cannot create {path} ({parent} is not a directory)"
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return f"{setting}: cannot create {path} ({parent} is not writable by this user)"
+        return None
+    if not path.is_dir():
+        return f"{setting}: {path} is not a directory"
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".watchd-probe-"):
+            pass
+    except OSError as exc:
+        return f"{setting}: {path} is not writable ({exc.strerror or type(exc).__name__})"
+    db = path / "watchd.sqlite3"
+    if db.exists() and not os.access(db, os.R_OK | os.W_OK):
+        return f"{setting}: {db} exists but is not readable and writable by this user"
+    return None
+
+
+def check_listen(listen: str, *, setting: str = "server.listen") -> str | None:
+    """None when ``HOST:PORT`` can be bound now (port 0 always can)."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(
+            host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (OSError, ValueError) as exc:
+        return f"{setting}: cannot resolve {listen} ({exc})"
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        # aiohttp sets SO_REUSEADDR too: a port in TIME_WAIT is not "in use".
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            return bind_problem(listen, exc, setting=setting)
+    return None
+
+
+def bind_problem(listen: str, exc: OSError, *, setting: str = "server.listen") -> str:
+    """One line for a failed bind, naming the setting and the address."""
+    if exc.errno == errno.EADDRINUSE:
+        return f"{setting}: {listen} is already in use (another watchd, or another program)"
+    if exc.errno == errno.EACCES:
+        return f"{setting}: {listen}: permission denied (ports below 1024 need privileges)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{setting}: {listen}: no such local address on this host"
+    return f"{setting}: cannot listen on {listen} ({exc.strerror or type(exc).__name__})"

@@ -1,0 +1,127 @@
+"""The state flusher, and what it says when state cannot be kept.
+
+Once a second the pending state (chat clocks, alerts, group state) is committed off the
+loop. When a write fails — disk full, read-only filesystem, I/O error — the daemon keeps
+watching and alerting: the batch stays pending, the flush is retried with backoff (1 s
+doubling to 60 s), every failure is counted, and **StateNotPersisted** (critical) fires
+until a write succeeds again (a small probe write while nothing is pending). When the
+database was found corrupt at start and moved aside, **StateReset** says so for an hour,
+so that nobody is surprised by notifications sent again for incidents already known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sqlite3
+import time
+
+from watchd import logs
+from watchd.alerting.model import Alert, fingerprint
+from watchd.coder.backoff import Backoff
+from watchd.detection.detector import Detector
+from watchd.store.persistence import StateDB
+
+log = logs.get("watchd.state")
+
+FLUSH_EVERY = 1.0
+RESET_SHOWN = 3600.0  # StateReset stays firing this long after the start that reset state
+
+
+class StateWatch:
+    def __init__(self, *, db: StateDB, detector: Detector, state_dir: str) -> None:
+        self.db = db
+        self.detector = detector
+        self.state_dir = state_dir
+        self.instance = socket.gethostname()
+        self._fp_failing = fingerprint(self.instance, state_dir, "StateNotPersisted")
+        self._fp_reset = fingerprint(self.instance, state_dir, "StateReset")
+        self._reset_at: float | None = None
+        self.backoff = Backoff(base=FLUSH_EVERY, cap=60.0, jitter=0.0)
+
+    def _labels(self, name: str, severity: str) -> dict[str, str]:
+        return {"alertname": name, "severity": severity, "instance": self.instance}
+
+    def start(self) -> None:
+        """Say at start what the database open found (called before the loop runs)."""
+        reset = self.db.reset_from
+        if reset is not None:
+            aside, why = reset
+            self._reset_at = time.time()
+            log.error(
+                "state.reset",
+                moved_to=str(aside),
+                problem=why,
+                note="the database could not be read; it was kept aside and state starts "
+                "empty: known incidents may be notified again",
+            )
+            self.detector.raise_alert(
+                Alert(
+                    fingerprint=self._fp_reset,
+                    labels=self._labels("StateReset", "warning"),
+                    starts_at=self._reset_at,
+                    annotations={
+                        "summary": f"watchd started with empty state: its database was "
+                        f"unreadable and was moved to {aside}",
+                        "problem": why[:300],
+                        "effect": "alerts already sent may be sent again; chat clocks "
+                        "restart from the next listing (a lower bound)",
+                    },
+                ),
+                identity="",
+            )
+        elif self._fp_reset in self.detector.firing:
+            self.detector.clear_alert(self._fp_reset, why="state intact since")
+
+    async def run(self) -> None:
+        delay = FLUSH_EVERY
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                if self.db.failing_since is not None and not self.db.pending:
+                    self.db.probe()  # a direct write failed: is writing back?
+                await self.db.flush_async()
+            except (sqlite3.Error, OSError) as exc:
+                delay = self.backoff.next()
+                self._failing(exc, retry_in=delay)
+                continue
+            if self.db.failing_since is not None:
+                # A direct write (notification log, sweep progress) failed meanwhile.
+                delay = self.backoff.next()
+                self._failing(None, retry_in=delay)
+                continue
+            self.backoff.reset()
+            delay = FLUSH_EVERY
+            if self._fp_failing in self.detector.firing:
+                log.info("state.persisting_again", write_failures=self.db.write_failures)
+                self.detector.clear_alert(self._fp_failing, why="writes succeed again")
+            if self._reset_at is not None and time.time() - self._reset_at >= RESET_SHOWN:
+                self._reset_at = None
+                self.detector.clear_alert(self._fp_reset, why="an hour since the reset")
+
+    def _failing(self, exc: BaseException | None, *, retry_in: float) -> None:
+        error = self.db.last_write_error if exc is None else f"{type(exc).__name__}: {exc}"
+        log.error(
+            "state.write_failed",
+            error=error[:300],
+            failures=self.db.write_failures,
+            pending=self.db.pending,
+            retry_in=round(retry_in, 1),
+        )
+        if self._fp_failing in self.detector.firing:
+            return
+        self.detector.raise_alert(
+            Alert(
+                fingerprint=self._fp_failing,
+                labels=self._labels("StateNotPersisted", "critical"),
+                starts_at=self.db.failing_since or time.time(),
+                annotations={
+                    "summary": f"watchd cannot write its state in {self.state_dir}",
+                    "last_error": error[:300],
+                    "effect": "watching and alerting go on; a restart now would lose chat "
+                    "clocks and pending resolves since the failure began",
+                    "hint": "free space on (or fix) the state directory's filesystem",
+                },
+            ),
+            identity="",
+        )
