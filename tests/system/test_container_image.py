@@ -219,7 +219,14 @@ def test_restart_keeps_state_on_the_volume(stack: Stack) -> None:
 
 def test_nothing_is_written_outside_the_state_volume(stack: Stack) -> None:
     """Even with a writable root the daemon writes nothing but its volume (docker diff)."""
-    writable = [a for a in stack.run_args if a != "--read-only"]
+    # A volume of its own: the state directory is locked by its one writer (d1).
+    stack.engine.run("volume", "create", "--label", LABEL, VOLUME + "-2")
+    writable = [
+        VOLUME + "-2:/var/lib/watchd" if a == f"{VOLUME}:/var/lib/watchd" else a
+        for a in stack.run_args
+        if a != "--read-only"
+    ]
+    assert VOLUME + "-2:/var/lib/watchd" in writable
     stack.engine.run("run", "-d", "--name", "watchd-test-d2", *writable, IMAGE, timeout=60)
     try:
         stack.wait(lambda: stack.ready("watchd-test-d2"), within=30)
