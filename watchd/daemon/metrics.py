@@ -42,6 +42,8 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STATUSES = sorted(ACTIVE_STATUSES | BLOCKED_STATUSES | IDLE_STATUSES)
+KNOWN = frozenset(STATUSES)
+OTHER = "other"
 ALERT_NAMES = sorted({*SEVERITY, "QuotaLow", "ChatSwept"})
 OUTCOMES = ("sent", "failed", "retried", "dropped")
 # A listing of a few hundred chats takes tens of ms; 100 000 chats take seconds.
@@ -127,11 +129,55 @@ class _Live(Collector):
         chats = _gauge(
             "watchd_chats", "Chats known, by identity and status.", ["identity", "status"]
         )
+        unknown = 0
         for name in names:
-            counts = Counter(r.status for r in d.store.records(name))
-            for status in sorted(set(STATUSES) | counts.keys()):
+            counts: Counter[str] = Counter()
+            for r in d.store.records(name):
+                # A status this build does not know is one series, `other`, however many
+                # distinct strings a server sends: the label space stays bounded.
+                if r.status in KNOWN:
+                    counts[r.status] += 1
+                else:
+                    counts[OTHER] += 1
+                    unknown += 1
+            for status in (*sorted(STATUSES), OTHER):
                 chats.add_metric([name, status], counts.get(status, 0))
         yield chats
+        yield _single(
+            _gauge(
+                "watchd_chats_unknown_status",
+                "Chats whose status this build does not know (in watchd_chats as status=other).",
+                [],
+            ),
+            unknown,
+        )
+        yield _single(
+            _gauge("watchd_state_persisting", "1 while state writes succeed, else 0.", []),
+            1 if d.db.persisting else 0,
+        )
+        yield _single(
+            _counter("watchd_state_write_failures", "State writes that failed.", []),
+            d.db.write_failures,
+        )
+        cut = _counter(
+            "watchd_reads_cut",
+            "Reads from outside that hit their bound (docs/limits.md), by kind.",
+            ["kind"],
+        )
+        from watchd.daemon.status import read_caps
+
+        for cap_kind, cap_hits in read_caps(d).items():
+            cut.add_metric([cap_kind], cap_hits)
+        yield cut
+        beats = _counter("watchd_heartbeats", "Dead man's switch beats, by outcome.", ["outcome"])
+        hb = d.deadman
+        for beat, beat_count in (
+            ("sent", hb.sent if hb else 0),
+            ("failed", hb.failed if hb else 0),
+            ("withheld", hb.withheld if hb else 0),
+        ):
+            beats.add_metric([beat], beat_count)
+        yield beats
 
         firing = Counter((a.labels.get("identity", ""), a.name) for a in d.detector.firing.values())
         alerts = _gauge(
