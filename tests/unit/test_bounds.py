@@ -149,6 +149,9 @@ def test_unknown_statuses_share_one_metrics_series(
         assert 'watchd_chats{identity="team-a",status="running"} 1.0' in chats
         assert not any("weird" in line for line in text.splitlines())
         assert "watchd_chats_unknown_status 50.0" in text
+        for kind in ("confirm", "group", "watch", "detector"):
+            assert f'watchd_task_restarts_total{{task="{kind}"}}' in text
+            assert f'watchd_task_up{{task="{kind}"}}' in text
     finally:
         d.state_lock.release()
         d.db.close()

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
 from watchd.detection.detector import SEVERITY
+from watchd.kits.tasks import TASKS
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -41,6 +42,26 @@ if TYPE_CHECKING:
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Every kind of guarded task, so each series exists (at 0) from start-up.
+TASK_KINDS = frozenset(
+    {
+        "watch",
+        "reconcile",
+        "quota",
+        "confirm",
+        "group",
+        "detector",
+        "state-flusher",
+        "heartbeat",
+        "status-history",
+        "systemd-notify",
+        "spans",
+        "sweep",
+        "file-source",
+        "dispatch-housekeeping",
+        "deadman-switch",
+    }
+)
 STATUSES = sorted(ACTIVE_STATUSES | BLOCKED_STATUSES | IDLE_STATUSES)
 KNOWN = frozenset(STATUSES)
 OTHER = "other"
@@ -169,6 +190,18 @@ class _Live(Collector):
         for cap_kind, cap_hits in read_caps(d).items():
             cut.add_metric([cap_kind], cap_hits)
         yield cut
+        restarts = _counter(
+            "watchd_task_restarts",
+            "Restarts of guarded long-lived tasks after a crash, by task kind.",
+            ["task"],
+        )
+        up = _gauge("watchd_task_up", "Guarded long-lived tasks running, by task kind.", ["task"])
+        running = TASKS.up_by_kind()
+        for kind in sorted(TASK_KINDS | TASKS.kinds):
+            restarts.add_metric([kind], TASKS.restarts.get(kind, 0))
+            up.add_metric([kind], running.get(kind, 0))
+        yield restarts
+        yield up
         beats = _counter("watchd_heartbeats", "Dead man's switch beats, by outcome.", ["outcome"])
         hb = d.deadman
         for beat, beat_count in (
