@@ -323,17 +323,13 @@ class Sweeper:
         said = f"execution state invalid: coderd answered 409 {exc.message!r}"
         if self.on_invalid is not None:
             self.on_invalid(entry.identity, entry.chat_id, exc.message)
-        if not self.config.reconcile_invalid or entry.identity in self._reconcile_missing:
-            self._record(
-                entry,
-                "invalid",
-                rec=rec,
-                policy=policy,
-                action="none",
-                detail=f"{said}; left alone (sweep.reconcile_invalid is off)"
-                if entry.identity not in self._reconcile_missing
-                else f"{said}; this server has no reconcile-invalid route",
-            )
+        missing = f"{said}; this server has no reconcile-invalid route"
+        if entry.identity in self._reconcile_missing:
+            self._record(entry, "invalid", rec=rec, policy=policy, action="none", detail=missing)
+            return
+        if not self.config.reconcile_invalid:
+            off = f"{said}; left alone (sweep.reconcile_invalid is off)"
+            self._record(entry, "invalid", rec=rec, policy=policy, action="none", detail=off)
             return
         await self._limiter(entry.identity).acquire()
         try:
@@ -347,12 +343,7 @@ class Sweeper:
                     note="this Coder server has no POST …/reconcile-invalid; said once",
                 )
                 self._record(
-                    entry,
-                    "invalid",
-                    rec=rec,
-                    policy=policy,
-                    action="none",
-                    detail=f"{said}; this server has no reconcile-invalid route",
+                    entry, "invalid", rec=rec, policy=policy, action="none", detail=missing
                 )
                 return
             self._retry(entry, rec, policy, f"reconcile-invalid failed: {err}")

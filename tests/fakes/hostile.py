@@ -35,9 +35,12 @@ async def huge_declared(request: web.Request) -> web.Response:
     )
 
 
+RELEASE: web.AppKey[asyncio.Event] = web.AppKey("release", asyncio.Event)
+
+
 async def never_upgrades(request: web.Request) -> web.StreamResponse:
-    """Accepts the request and never answers (a half-dead proxy)."""
-    await asyncio.sleep(3600)
+    """Accepts the request and never answers (a half-dead proxy) until the fake stops."""
+    await request.app[RELEASE].wait()
     return web.Response()
 
 
@@ -52,6 +55,7 @@ async def one_day_please(request: web.Request) -> web.Response:
 async def serving(routes: dict[str, object]) -> AsyncIterator[str]:
     """Serve ``{path: handler}`` on loopback; yields the base URL."""
     app = web.Application()
+    app[RELEASE] = asyncio.Event()
     for path, handler in routes.items():
         app.router.add_route("*", path, handler)  # type: ignore[arg-type]
     runner = web.AppRunner(app, shutdown_timeout=0.1)
@@ -61,4 +65,5 @@ async def serving(routes: dict[str, object]) -> AsyncIterator[str]:
     try:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
+        app[RELEASE].set()
         await runner.cleanup()

@@ -319,3 +319,29 @@ async def test_a_busy_stream_during_the_first_listing_keeps_dirty_ids(
         assert set(r.watcher._to_confirm) == {c.id for c in chats}
         await r.watcher._confirm_absent()
         assert all(r.store.get("alice", c.id).status == "waiting" for c in chats)  # type: ignore[union-attr]
+
+
+async def test_a_deployment_without_date_headers_is_said_once(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """Answers without a usable Date header are counted by the server clock, and the
+    watcher says so once, not on every listing; stamps ahead of the clock are said once."""
+    from structlog.testing import capture_logs
+
+    clock = ServerClock()
+    clock.observe(None, sent_at=1.0, received_at=1.1)
+    clock.observe("not a date", sent_at=1.0, received_at=1.1)
+    assert clock.missing_date == 2 and not clock.synced
+    alice = sim.state.add_user("alice")
+    sim.state.add_chat(alice, status="waiting")
+    async with watching(sim, alice, session) as r:
+        await eventually(lambda: r.health.ready)
+        r.health.server_clock.missing_date += 2
+        r.store.future_clamped["alice"] = 1
+        with capture_logs() as logs:
+            for _ in range(3):
+                await asyncio.sleep(APART)
+                await r.watcher.relist()
+        events = [e["event"] for e in logs]
+        assert events.count("clock.no_date_header") == 1
+        assert events.count("clock.disagrees") == 1

@@ -3,6 +3,8 @@ server hints; overflow is counted and the caller keeps working."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aiohttp
 import pytest
 
@@ -12,6 +14,7 @@ from watchd.coder.backoff import MAX_HINT, retry_hint
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError
 from watchd.coder.transport import OversizeResponse, Transport
+from watchd.detection.health import IdentityHealth
 from watchd.telemetry.ingest import IngestError, parse_batch
 
 
@@ -106,3 +109,61 @@ def test_deeply_nested_ingest_json_is_a_400_not_a_traceback() -> None:
     body += b"]" * 100_000 + b"]}"
     with pytest.raises(IngestError, match="nested too deeply"):
         parse_batch(body, content_type="application/json", query={})
+
+
+def test_unknown_statuses_share_one_metrics_series(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fifty distinct status strings from a server become one `other` series (counted),
+    not fifty: the metrics label space stays bounded."""
+    from watchd.coder.models import Chat, ChatId
+    from watchd.config import parse_config, resolve_secrets
+    from watchd.daemon.app import Daemon
+
+    monkeypatch.setenv("WATCHD_TEST_TOKEN", "token-value-0123456789")
+    config = parse_config(
+        {
+            "identities": [
+                {
+                    "name": "team-a",
+                    "url": "https://coder.example.com",
+                    "token_env": "WATCHD_TEST_TOKEN",
+                }
+            ],
+            "state_dir": str(tmp_path),
+            "telemetry": {"exporter": "none"},
+        }
+    )
+    d = Daemon(config, resolve_secrets(config))
+    try:
+        for i in range(50):
+            chat = Chat(id=ChatId(f"c{i}"), status=f"weird-{i}", updated_at=1.0)
+            d.store.observe("team-a", chat, now=2.0, via="listing")
+        d.store.observe(
+            "team-a", Chat(id=ChatId("r"), status="running", updated_at=1.0), now=2.0, via="listing"
+        )
+        d.health["team-a"] = d.health.get("team-a") or _health("team-a")
+        text = d.metrics.render().decode()
+        chats = [line for line in text.splitlines() if line.startswith("watchd_chats{")]
+        assert 'watchd_chats{identity="team-a",status="other"} 50.0' in chats
+        assert 'watchd_chats{identity="team-a",status="running"} 1.0' in chats
+        assert not any("weird" in line for line in text.splitlines())
+        assert "watchd_chats_unknown_status 50.0" in text
+        for kind in ("confirm", "group", "watch", "detector"):
+            assert f'watchd_task_restarts_total{{task="{kind}"}}' in text
+            assert f'watchd_task_up{{task="{kind}"}}' in text
+    finally:
+        d.state_lock.release()
+        d.db.close()
+
+
+def _health(name: str) -> IdentityHealth:
+    from watchd.clock import ServerClock
+    from watchd.detection.health import IdentityHealth
+
+    return IdentityHealth(
+        name=name,
+        deployment="https://coder.example.com",
+        server_clock=ServerClock(),
+        unhealthy_after=60,
+    )

@@ -486,3 +486,38 @@ async def test_an_event_stamped_1970_does_not_fire() -> None:
         assert r.sink.alerts == []
         rec = r.store.get("a", "c1")
         assert rec is not None and rec.since > 1_000_000_000
+
+
+async def test_a_confirmer_that_raises_restarts_and_the_identity_still_alerts() -> None:
+    """A confirmer raising an unexpected exception crashes the confirm loop; the guard
+    restarts it (counted), the chat is due again, and its alert still fires."""
+    from watchd.detection.detector import RETRY_CONFIRM_AFTER
+    from watchd.kits.tasks import TASKS
+
+    async with rig(Budgets(running=300)) as r:
+        r.ready()
+        confirmer = r.det.watched["a"].confirmer
+        real = confirmer.get_chat
+        calls = 0
+
+        async def flaky(chat_id: str) -> Chat:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise RuntimeError("a bug in the confirmer")
+            return await real(chat_id)
+
+        confirmer.get_chat = flaky  # type: ignore[method-assign]
+        before = TASKS.restarts["confirm"]
+        r.see("c1", "running", r.clock.now() - 400)
+        await r.settle()
+        assert r.sink.alerts == [] and calls == 1
+        for _ in range(100):  # the guard's backoff (about a second, real time)
+            if TASKS.restarts["confirm"] > before:
+                break
+            await asyncio.sleep(0.05)
+        assert TASKS.restarts["confirm"] == before + 1
+        await asyncio.sleep(1.5)
+        r.advance(RETRY_CONFIRM_AFTER + 1)
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")]

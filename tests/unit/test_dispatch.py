@@ -195,3 +195,38 @@ async def test_restart_neither_repages_nor_loses_a_resolve(tmp_path: Path) -> No
         await asyncio.sleep(0.4)
         assert len(rec2.sent) == 1, "alert 1 was already paged before the restart"
     db.close()
+
+
+async def test_a_notifier_raising_anything_is_retried_and_the_group_survives(
+    tmp_path: Path,
+) -> None:
+    """A notifier that raises ValueError (a bug, not a NotifyError) counts as a retryable
+    failure: the group stays, the next flush delivers, and nothing wedges."""
+
+    class Buggy(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bugs = 1
+
+        async def notify(self, n: Notification) -> None:
+            if self.bugs:
+                self.bugs -= 1
+                raise ValueError("a notifier bug")
+            await super().notify(n)
+
+    rec = Buggy()
+    async with dispatcher(
+        tmp_path, rec=rec, route={"receiver": "r", "group_wait": "10ms", "group_interval": "10s"}
+    ) as (d, _, _db):
+        d.put(alert("1"))
+        for _ in range(60):
+            if rec.sent:
+                break
+            await asyncio.sleep(0.05)
+        assert len(rec.sent) == 1
+        stats = d.stats["r"]
+        assert stats.retried == 1 and "ValueError: a notifier bug" in stats.last_error
+        assert len(d.groups) == 1
+        d.put(alert("2"))
+        d.put(alert("1", resolved=True))
+        assert all(g.task is not None and not g.task.done() for g in d.groups.values())

@@ -467,3 +467,19 @@ async def test_the_pipeline_gives_the_loop_back_between_batches() -> None:
             await task
     assert pipeline.batches >= 5_000 // (BATCH + 1)
     assert ticks >= pipeline.batches - 1
+
+
+def test_a_secret_echoed_into_an_error_never_reaches_a_span() -> None:
+    """An error event quoting a registered secret (a server echoing the token) becomes a
+    span whose description has it redacted."""
+    from watchd.secrets import REGISTRY
+
+    secret = "tok-9f8e7d6c5b4a3210fedcba"
+    REGISTRY.add(secret)
+    spans, _ = run(
+        [
+            (SRC, ev("http:request", 0, id="r1", method="GET", path="/api/v2/chats")),
+            (SRC, ev("http:error", 5, id="r1", message=f"ClientError: bad token {secret}")),
+        ]
+    )
+    assert secret not in spans[0].description and "[REDACTED]" in spans[0].description

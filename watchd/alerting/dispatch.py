@@ -28,6 +28,7 @@ from watchd.alerting.silencing import Inhibitor, Silencer
 from watchd.clock import SystemClock, WallClock
 from watchd.coder.backoff import Backoff
 from watchd.coder.transport import RateLimiter
+from watchd.kits.tasks import spawn
 from watchd.store.persistence import NflogEntry, StateDB
 
 log = logs.get("watchd.alerting")
@@ -159,7 +160,13 @@ class Dispatcher:
                 return
             group = Group(route=route, key=key, labels=route.group_labels(alert.labels))
             self.groups[gid] = group
-            group.task = asyncio.create_task(self._run_group(group), name=f"group:{key}")
+            # Under the guard: a group whose task raised would never notify again.
+            group.task = spawn(
+                f"group:{route.receiver}:{key}",
+                lambda: self._run_group(group),
+                kind="group",
+                eternal=False,
+            )
         if alert.fingerprint not in group.alerts and len(group.alerts) >= MAX_ALERTS_PER_GROUP:
             self.stats[route.receiver].dropped += 1
             return
@@ -222,7 +229,17 @@ class Dispatcher:
         while True:
             await self.limiters[receiver].acquire()
             try:
-                await notifier.notify(notification)
+                try:
+                    await notifier.notify(notification)
+                except (NotifyError, asyncio.CancelledError):
+                    raise
+                except Exception as bug:
+                    # A notifier raising anything else (a bug, a library surprise) is a
+                    # retryable failure, never a dead group.
+                    log.exception("receiver.raised", receiver=receiver)
+                    raise NotifyError(
+                        f"{receiver}: {type(bug).__name__}: {bug}"[:300], retryable=True
+                    ) from bug
             except NotifyError as exc:
                 stats.last_error = str(exc)
                 stats.last_failure = self.wall.now()

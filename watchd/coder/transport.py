@@ -181,32 +181,11 @@ class Transport:
                 path=path,
                 limit_bytes=max_body,
             )
-            self._emit(
-                {
-                    "type": "http:error",
-                    "timestamp": now_ms(),
-                    "id": rid,
-                    "method": method,
-                    "path": full_path,
-                    "message": str(exc)[:300],
-                    "durationMs": round((time.monotonic() - started) * 1000, 1),
-                }
-            )
+            self._emit_error(rid, method, full_path, str(exc), started)
             raise
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            duration = (time.monotonic() - started) * 1000
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            self._emit(
-                {
-                    "type": "http:error",
-                    "timestamp": now_ms(),
-                    "id": rid,
-                    "method": method,
-                    "path": full_path,
-                    "message": message[:300],
-                    "durationMs": round(duration, 1),
-                }
-            )
+            self._emit_error(rid, method, full_path, message, started)
             raise CoderError(
                 status=None, message=message[:300], method=method, path=full_path
             ) from None
@@ -238,6 +217,19 @@ class Transport:
                 retry_after=hint,
             )
         return response
+
+    def _emit_error(self, rid: str, method: str, path: str, message: str, started: float) -> None:
+        self._emit(
+            {
+                "type": "http:error",
+                "timestamp": now_ms(),
+                "id": rid,
+                "method": method,
+                "path": path,
+                "message": message[:300],
+                "durationMs": round((time.monotonic() - started) * 1000, 1),
+            }
+        )
 
     @staticmethod
     async def _read(resp: aiohttp.ClientResponse, limit: int) -> bytes:

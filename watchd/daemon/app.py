@@ -58,6 +58,7 @@ from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth
+from watchd.kits.tasks import TASKS
 from watchd.store.chats import ChatRecord, ChatStore
 from watchd.store.lock import StateInUse, StateLock
 from watchd.store.persistence import StateDB
@@ -77,6 +78,8 @@ from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
 log = logs.get("watchd.daemon")
 
+# Task kinds that belong to one identity: their crash loops make the identity unhealthy.
+IDENTITY_TASKS = frozenset({"watch", "reconcile", "quota", "confirm"})
 STOP_DEADLINES = {"server": 1.0, "watchers": 2.0, "core": 1.0, "flush": 2.0, "spans": 2.0}
 # How many identities may list at once: after a Coder restart, 50 watchers must not
 # all list in the same second.
@@ -348,7 +351,13 @@ class Daemon:
         return f"{'; '.join(parts)}; {len(self.detector.firing)} alerts firing"
 
     def progressing(self) -> bool:
-        return time.monotonic() - self.last_beat < 5.0 and not self.supervisor.dead_roots()
+        """The loop turns, no root task died, and no process-wide task is crash-looping
+        (an identity's own tasks make that identity unhealthy instead)."""
+        return (
+            time.monotonic() - self.last_beat < 5.0
+            and not self.supervisor.dead_roots()
+            and not [n for n in TASKS.crash_looping() if n.split(":", 1)[0] not in IDENTITY_TASKS]
+        )
 
     def alive_and_seeing(self) -> str | None:
         """None when the dead man's switch may say "alive": the loop makes progress, no

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
 from watchd.detection.detector import SEVERITY
+from watchd.kits.tasks import TASKS
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -41,7 +42,29 @@ if TYPE_CHECKING:
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Every kind of guarded task, so each series exists (at 0) from start-up.
+TASK_KINDS = frozenset(
+    {
+        "watch",
+        "reconcile",
+        "quota",
+        "confirm",
+        "group",
+        "detector",
+        "state-flusher",
+        "heartbeat",
+        "status-history",
+        "systemd-notify",
+        "spans",
+        "sweep",
+        "file-source",
+        "dispatch-housekeeping",
+        "deadman-switch",
+    }
+)
 STATUSES = sorted(ACTIVE_STATUSES | BLOCKED_STATUSES | IDLE_STATUSES)
+KNOWN = frozenset(STATUSES)
+OTHER = "other"
 ALERT_NAMES = sorted({*SEVERITY, "QuotaLow", "ChatSwept"})
 OUTCOMES = ("sent", "failed", "retried", "dropped")
 # A listing of a few hundred chats takes tens of ms; 100 000 chats take seconds.
@@ -127,11 +150,67 @@ class _Live(Collector):
         chats = _gauge(
             "watchd_chats", "Chats known, by identity and status.", ["identity", "status"]
         )
+        unknown = 0
         for name in names:
-            counts = Counter(r.status for r in d.store.records(name))
-            for status in sorted(set(STATUSES) | counts.keys()):
+            counts: Counter[str] = Counter()
+            for r in d.store.records(name):
+                # A status this build does not know is one series, `other`, however many
+                # distinct strings a server sends: the label space stays bounded.
+                if r.status in KNOWN:
+                    counts[r.status] += 1
+                else:
+                    counts[OTHER] += 1
+                    unknown += 1
+            for status in (*sorted(STATUSES), OTHER):
                 chats.add_metric([name, status], counts.get(status, 0))
         yield chats
+        yield _single(
+            _gauge(
+                "watchd_chats_unknown_status",
+                "Chats whose status this build does not know (in watchd_chats as status=other).",
+                [],
+            ),
+            unknown,
+        )
+        yield _single(
+            _gauge("watchd_state_persisting", "1 while state writes succeed, else 0.", []),
+            1 if d.db.persisting else 0,
+        )
+        yield _single(
+            _counter("watchd_state_write_failures", "State writes that failed.", []),
+            d.db.write_failures,
+        )
+        cut = _counter(
+            "watchd_reads_cut",
+            "Reads from outside that hit their bound (docs/limits.md), by kind.",
+            ["kind"],
+        )
+        from watchd.daemon.status import read_caps
+
+        for cap_kind, cap_hits in read_caps(d).items():
+            cut.add_metric([cap_kind], cap_hits)
+        yield cut
+        restarts = _counter(
+            "watchd_task_restarts",
+            "Restarts of guarded long-lived tasks after a crash, by task kind.",
+            ["task"],
+        )
+        up = _gauge("watchd_task_up", "Guarded long-lived tasks running, by task kind.", ["task"])
+        running = TASKS.up_by_kind()
+        for kind in sorted(TASK_KINDS | TASKS.kinds):
+            restarts.add_metric([kind], TASKS.restarts.get(kind, 0))
+            up.add_metric([kind], running.get(kind, 0))
+        yield restarts
+        yield up
+        beats = _counter("watchd_heartbeats", "Dead man's switch beats, by outcome.", ["outcome"])
+        hb = d.deadman
+        for beat, beat_count in (
+            ("sent", hb.sent if hb else 0),
+            ("failed", hb.failed if hb else 0),
+            ("withheld", hb.withheld if hb else 0),
+        ):
+            beats.add_metric([beat], beat_count)
+        yield beats
 
         firing = Counter((a.labels.get("identity", ""), a.name) for a in d.detector.firing.values())
         alerts = _gauge(

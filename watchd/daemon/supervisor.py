@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchd import logs
-from watchd.coder.backoff import Backoff
+from watchd.kits.tasks import TASKS, guard
 
 log = logs.get("watchd.supervisor")
 
@@ -57,27 +57,13 @@ class Supervisor:
         self.tasks[name] = Supervised(name=name, group=group, task=task, root=root)
 
     async def _guard(self, name: str, factory: CoroFactory, *, root: bool, restart: bool) -> None:
-        backoff = Backoff(base=1.0, cap=60.0)
         try:
-            while True:
-                try:
-                    await factory()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("task.crashed", task=name)
-                    if not restart:
-                        if name in self.tasks:
-                            self.tasks[name].crashed = True
-                        return
-                    self.tasks[name].restarts += 1
-                    await asyncio.sleep(backoff.next())
-                    continue
-                log.error("task.returned", task=name, note="an eternal task returned normally")
-                if not restart:
-                    return
-                await asyncio.sleep(backoff.next())
+            await guard(name, factory, kind=_kind(name), restart=restart)
         finally:
+            st = TASKS.tasks.get(name)
+            if name in self.tasks and st is not None:
+                self.tasks[name].restarts = st.restarts
+                self.tasks[name].crashed = st.crashes_in_a_row > 0 and not restart
             if root and not self.root_ended.is_set():
                 self.ended_by = name
                 self.root_ended.set()
@@ -115,3 +101,8 @@ async def _cancel(tasks: list[asyncio.Task[None]], *, deadline: float) -> set[as
             await asyncio.shield(waiter)
     _done, pending = waiter.result()
     return pending
+
+
+def _kind(name: str) -> str:
+    """The task's kind for metrics: ``watch:team-a`` is ``watch`` (bounded labels)."""
+    return name.split(":", 1)[0]

@@ -34,6 +34,7 @@ from watchd.detection.budgets import alert_name, budget
 from watchd.detection.diagnosis import INVALID_HINT, Facts, hint
 from watchd.detection.health import IdentityHealth
 from watchd.detection.timers import TimerHeap
+from watchd.kits.tasks import CRASH_LOOP, TASKS, spawn
 from watchd.store.chats import (
     CLOCK_LOWER_BOUND,
     CLOCK_SYNTHESIZED,
@@ -169,7 +170,9 @@ class Detector:
     ) -> None:
         w = Watched(health=health, confirmer=confirmer, budgets=budgets, labels=labels)
         self.watched[health.name] = w
-        w.task = asyncio.create_task(self._confirm_loop(w), name=f"confirm:{health.name}")
+        # Under the guard: a confirmer that raises restarts (counted, logged with its
+        # traceback) instead of silently ending this identity's verdicts for good.
+        w.task = spawn(f"confirm:{health.name}", lambda: self._confirm_loop(w), kind="confirm")
         for rec in self.store.records(health.name):
             self._arm(rec)
         self._wake.set()
@@ -361,12 +364,22 @@ class Detector:
                     break
                 batch = list(w.pending)
                 w.pending.clear()
-                if len(batch) >= self.listing_threshold:
-                    await self._confirm_by_listing(w, batch)
-                    continue
-                for key in batch:
-                    await self._confirm_one(w, key)
-                    await asyncio.sleep(interval)
+                try:
+                    if len(batch) >= self.listing_threshold:
+                        await self._confirm_by_listing(w, batch)
+                        continue
+                    for i, key in enumerate(batch):
+                        try:
+                            await self._confirm_one(w, key)
+                        except Exception:
+                            batch = batch[i:]
+                            raise
+                        await asyncio.sleep(interval)
+                except Exception as exc:
+                    # A bug (a confirmer that raised): the chats of this batch are due again
+                    # later, and the guard restarts this loop; nothing is silently dropped.
+                    self._confirm_failed(w, batch, exc)
+                    raise
 
     async def _settle(self, w: Watched) -> None:
         """Chats that cross their budget together come due over a few milliseconds (or a
@@ -676,14 +689,20 @@ class Detector:
         for name, w in self.watched.items():
             h = w.health
             fp = fingerprint(h.deployment, name, "IdentityUnhealthy")
-            if h.ready:
+            # Its confirmations crash again and again: no verdict can come from it, so it is
+            # as unhealthy as an identity that cannot list.
+            confirming = TASKS.tasks.get(f"confirm:{name}")
+            broken = confirming is not None and confirming.crashes_in_a_row >= CRASH_LOOP
+            if h.ready and not broken:
                 if fp in self.firing:
                     self._resolve(fp, at=self.wall.now(), why="identity recovered")
                 continue
             if fp in self.firing or (
-                not h.refused and h.unhealthy_for(loop_now) < h.unhealthy_after
+                not broken and not h.refused and h.unhealthy_for(loop_now) < h.unhealthy_after
             ):
                 continue
+            if broken and confirming is not None:
+                h.last_error = f"confirmation task keeps crashing: {confirming.last_error}"
             labels = dict(w.labels)
             labels.update(
                 {
@@ -808,10 +827,11 @@ class Detector:
 
 
 # Why a tombstoned chat's alert resolved, in the words of its resolve notification.
+# Others read "chat <reason>": "chat gone (404)", "chat gone (missing from two complete
+# listings)" (see ChatStore.tombstone's callers).
 _GONE = {
     "archived": "chat archived",
     "deleted": "chat gone (deleted)",
-    "vanished": "chat gone (archived or deleted: absent from a complete listing)",
 }
 
 

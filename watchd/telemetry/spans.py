@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from watchd.secrets import REGISTRY
 from watchd.telemetry.events import EventSource
 
 MS = 1_000_000  # ns per ms
@@ -99,7 +100,9 @@ class _Open:
             self.source,
             self.attributes,
             status,
-            description,
+            # An error text may quote what a server echoed (a token): scrubbed here, the
+            # one place every span description passes.
+            REGISTRY.scrub(description) if description else description,
             tuple(self.events),
             links,
         )
