@@ -8,7 +8,6 @@ render it, against an empty page loaded the same way (the baseline).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import subprocess
@@ -16,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from bench.cases import Row, row
 
@@ -90,7 +91,7 @@ async def _status_page(n: int) -> list[Row]:
     await asyncio.sleep(0)
     t0 = time.perf_counter()
     doc = await status.status_document(d)
-    body = json.dumps(doc, indent=1)
+    body = orjson.dumps(doc, option=orjson.OPT_INDENT_2)  # as the server encodes it
     built = time.perf_counter() - t0
     done = True
     await task

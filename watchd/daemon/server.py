@@ -7,11 +7,11 @@ loop must keep running; readiness means every identity has been seeded once.
 from __future__ import annotations
 
 import hmac
-import json
 import os
 import time
 from typing import TYPE_CHECKING
 
+import orjson
 from aiohttp import web
 
 from watchd.alerting.silencing import Silence, new_id
@@ -103,7 +103,10 @@ class Server:
         doc = await status_document(self.daemon, query)
         if wants_html:
             return web.Response(text=status_html(doc), content_type="text/html")
-        return web.Response(text=json.dumps(doc, indent=1), content_type="application/json")
+        # orjson: encoding a full page is ~10x faster than json, and it runs on the loop.
+        return web.Response(
+            body=orjson.dumps(doc, option=orjson.OPT_INDENT_2), content_type="application/json"
+        )
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(
