@@ -129,12 +129,13 @@ async def test_classification_yields_to_the_loop(
     task = asyncio.create_task(ticker())
     await asyncio.sleep(0)
     before = ticks
-    await status.classify(daemon, 1_900_000_000.0)
+    got = await status.classify(daemon, 1_900_000_000.0)
     during = ticks - before
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert during >= N // status.CHUNK - 1
+    assert got.total == N and len(got.selected) == N
 
 
 def test_chart_is_server_rendered_svg_per_status() -> None:
