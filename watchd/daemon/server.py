@@ -7,11 +7,11 @@ loop must keep running; readiness means every identity has been seeded once.
 from __future__ import annotations
 
 import hmac
-import json
 import os
 import time
 from typing import TYPE_CHECKING
 
+import orjson
 from aiohttp import web
 
 from watchd.alerting.silencing import Silence, new_id
@@ -105,8 +105,11 @@ class Server:
         # Last line of defence: nothing a server echoed (a token) leaves through /status.
         if wants_html:
             return web.Response(text=REGISTRY.scrub(status_html(doc)), content_type="text/html")
+        # orjson: encoding a full page is ~10x faster than json, and it runs on the loop.
+        # The scrub is the last line of defence: nothing a server echoed (a token) leaves.
         return web.Response(
-            text=REGISTRY.scrub(json.dumps(doc, indent=1)), content_type="application/json"
+            text=REGISTRY.scrub(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode()),
+            content_type="application/json",
         )
 
     async def metrics(self, request: web.Request) -> web.Response:
