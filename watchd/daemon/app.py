@@ -511,7 +511,7 @@ class Daemon:
             health=self.health,
             clients=lambda n: self.watchers[n].client if n in self.watchers else None,
             db=self.db,
-            sink=lambda: self.detector.sink,
+            ledger=self.detector,
             audit_path=state_dir(config) / "sweep-audit.jsonl",
             labels=lambda n: next((i.labels for i in self.config.identities if i.name == n), {}),
             on_invalid=self.detector.note_invalid,
