@@ -45,12 +45,13 @@ def main() -> None:
     ap.add_argument(
         "--only",
         default="",
-        help="comma list: throughput,scale,reconcile,latency,spans,ingest,status",
+        help="comma list: footprint,throughput,scale,reconcile,latency,spans,ingest,status",
     )
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
     q = args.quick
     plan: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = [
+        ("footprint", cases.footprint),
         ("throughput", lambda: cases.throughput(1, 20_000 if q else 200_000)),
         ("throughput", lambda: cases.throughput(50, 400 if q else 4_000)),
         ("scale", lambda: cases.scale(50, 200 if q else 2_000, 10 if q else 60)),
