@@ -42,6 +42,9 @@ test: lint typecheck system-deps
 	$(BIN)/pytest tests
 
 bench: $(STAMP)
+	@# The Node.js peer row (bench/node) needs its `ws` module; skipped (said) without npm.
+	@if command -v npm >/dev/null 2>&1 && [ ! -d bench/node/node_modules/ws ]; then \
+		npm install --prefix bench/node --no-audit --no-fund --silent; fi
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:

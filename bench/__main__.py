@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import cases
+from bench import cases, statuspage
 
 
 def median_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -43,12 +43,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one run")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument(
-        "--only", default="", help="comma list: throughput,scale,reconcile,latency,spans,ingest"
+        "--only",
+        default="",
+        help="comma list: footprint,throughput,scale,reconcile,latency,spans,ingest,status",
     )
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
     q = args.quick
     plan: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = [
+        ("footprint", cases.footprint),
         ("throughput", lambda: cases.throughput(1, 20_000 if q else 200_000)),
         ("throughput", lambda: cases.throughput(50, 400 if q else 4_000)),
         ("scale", lambda: cases.scale(50, 200 if q else 2_000, 10 if q else 60)),
@@ -57,6 +60,7 @@ def main() -> None:
         ("latency", lambda: cases.detection_latency(1_000 if q else 10_000, 15.0)),
         ("spans", lambda: cases.spans(2_000 if q else 20_000)),
         ("ingest", lambda: cases.ingest_overload(200 if q else 2_000)),
+        ("status", lambda: statuspage.status_page(2_000 if q else 20_000)),
     ]
     only = set(filter(None, args.only.split(",")))
     rows: list[dict[str, Any]] = []

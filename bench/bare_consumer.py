@@ -1,4 +1,5 @@
-"""Baseline for watch throughput: a bare aiohttp consumer that only decodes frames.
+"""Baseline for watch throughput: a bare aiohttp consumer that only decodes frames
+(with orjson, the decoder the daemon uses).
 
 Usage: python -m bench.bare_consumer URL EXPECTED TOKEN [TOKEN ...]
 Prints "ready" once every socket is open and "done" when EXPECTED frames were decoded.
@@ -7,10 +8,10 @@ Prints "ready" once every socket is open and "done" when EXPECTED frames were de
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 
 import aiohttp
+import orjson
 
 
 async def main(url: str, expected: int, tokens: list[str]) -> None:
@@ -28,7 +29,7 @@ async def main(url: str, expected: int, tokens: list[str]) -> None:
         async def read(ws: aiohttp.ClientWebSocketResponse) -> None:
             nonlocal count
             async for msg in ws:
-                json.loads(msg.data)
+                orjson.loads(msg.data)
                 count += 1
                 if count >= expected:
                     done.set()

@@ -78,10 +78,31 @@ def throughput(identities: int, per_socket: int) -> list[Row]:
         bcpu = cpu_seconds(bare.pid) - bcpu0
         bare.wait(30)
         bare.stdout.close()
+        peer = _node_peer(sim, total, tokens, per_socket)
     finally:
         sim.stop()
     label = f"watch events/s, {identities} identit{'y' if identities == 1 else 'ies'}"
+    peer_rows = []
+    if peer is not None:
+        pwall, pcpu = peer
+        peer_rows = [
+            row(
+                f"events/s per CPU-second, {identities} id, vs a hand-rolled Node.js peer",
+                total / cpu,
+                "events/cpu-s",
+                total / pcpu,
+                "Node.js ws + JSON.parse + Map (bench/node)",
+            ),
+            row(
+                f"watch events/s, {identities} id, vs the Node.js peer",
+                total / wall,
+                "events/s",
+                total / pwall,
+                "Node.js peer, wall",
+            ),
+        ]
     return [
+        *peer_rows,
         row(
             label,
             total / wall,
@@ -104,6 +125,100 @@ def throughput(identities: int, per_socket: int) -> list[Row]:
             total / bcpu,
             "bare aiohttp decode",
             "≥ 50 000 (one core)",
+        ),
+    ]
+
+
+def _node_peer(
+    sim: Sim, total: int, tokens: list[str], per_socket: int
+) -> tuple[float, float] | None:
+    """(wall, cpu-seconds) for the same frames into the Node.js peer, or None when node or
+    its `ws` module is not installed (`npm install --prefix bench/node`; make bench does)."""
+    import shutil
+    from pathlib import Path
+
+    from bench.procs import cpu_seconds
+
+    here = Path(__file__).parent / "node"
+    node = shutil.which("node")
+    if node is None or not (here / "node_modules" / "ws").exists():
+        print("    (no Node.js peer: node or bench/node/node_modules/ws missing)", flush=True)
+        return None
+    proc = subprocess.Popen(
+        [node, str(here / "consumer.mjs"), sim.url, str(total), *tokens],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    cpu0 = cpu_seconds(proc.pid)
+    t0 = time.monotonic()
+    threading.Thread(
+        target=sim.admin, args=("POST", "/firehose", {"count": per_socket, "chats": 100})
+    ).start()
+    line = proc.stdout.readline()
+    wall = time.monotonic() - t0
+    cpu = cpu_seconds(proc.pid) - cpu0
+    assert line.startswith("done"), line
+    proc.terminate()
+    proc.wait(30)
+    proc.stdout.close()
+    return wall, cpu
+
+
+# -- footprint: the sidecar case (one identity, nothing happening) ------------------------
+
+
+def footprint() -> list[Row]:
+    """Start → /readyz and idle RSS of a daemon with one identity on an empty simulator,
+    against a bare Python that imports what any asyncio HTTP client needs (aiohttp, orjson)."""
+    from bench.procs import rss_mb
+
+    sim = Sim("--scenario", "bulk", "--users", "1", "--chats-per-user", "0")
+    try:
+        d = Daemon(sim)
+        wait_for(d.ready, within=60, step=0.01)
+        ready_after = time.monotonic() - d.started
+        time.sleep(5)
+        rss = d.rss
+        d.stop()
+    finally:
+        sim.stop()
+    t0 = time.monotonic()
+    bare = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import aiohttp, orjson, asyncio; print('ready', flush=True); "
+            "import time; time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert bare.stdout is not None
+    bare.stdout.readline()
+    bare_start = time.monotonic() - t0
+    time.sleep(1)
+    bare_rss = rss_mb(bare.pid)
+    bare.terminate()
+    bare.wait(10)
+    bare.stdout.close()
+    return [
+        row(
+            "process start → /readyz 200, 1 identity, empty simulator",
+            ready_after,
+            "s",
+            bare_start,
+            "python -c 'import aiohttp, orjson' to first output",
+            "≤ 0.3 s",
+        ),
+        row(
+            "idle RSS, 1 identity, nothing happening",
+            rss,
+            "MB",
+            bare_rss,
+            "python with aiohttp + orjson imported",
+            "≤ 40 MB",
         ),
     ]
 

@@ -27,10 +27,10 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from watchd import logs
-from watchd.alerting.model import Alert, AlertSink, fingerprint
+from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.transport import RateLimiter
@@ -50,6 +50,17 @@ TERMINAL = frozenset({"interrupted", "archived", "gave_up", "planned"})
 # operator (or reconcile_invalid) and is not retried in a loop.
 WAITING = frozenset({"invalid"})
 AUDIT_KEEP = 200
+
+
+class Ledger(Protocol):
+    """What the sweep needs of the detector's firing-alert ledger."""
+
+    @property
+    def firing(self) -> Mapping[str, Alert]: ...
+
+    def raise_alert(self, alert: Alert, *, identity: str) -> None: ...
+
+    def clear_alert(self, fp: str, *, why: str) -> None: ...
 
 
 def compile_policies(config: SweepConfig) -> list[tuple[SweepPolicy, tuple[Matcher, ...]]]:
@@ -97,7 +108,7 @@ class Sweeper:
         health: Mapping[str, IdentityHealth],
         clients: Callable[[str], CoderClient | None],
         db: StateDB,
-        sink: Callable[[], AlertSink],
+        ledger: Ledger,
         audit_path: Path,
         labels: Callable[[str], Mapping[str, str]],
         on_invalid: Callable[[str, str, str], None] | None = None,
@@ -110,7 +121,9 @@ class Sweeper:
         self.health = health
         self.clients = clients
         self.db = db
-        self.sink = sink
+        # Where ChatSwept fires and resolves: the detector's persisted set of firing alerts,
+        # so an announcement's resolve survives a restart (a timer would not).
+        self.ledger = ledger
         self.audit_path = audit_path
         self.labels = labels
         self.recent: deque[dict[str, Any]] = deque(maxlen=AUDIT_KEEP)
@@ -133,6 +146,7 @@ class Sweeper:
             await self.sweep_once()
 
     async def sweep_once(self) -> None:
+        self._expire_announcements()
         jobs = []
         # Chats already interrupted by an earlier pass (or an earlier process) come first.
         for entry in self.db.sweep_in_state("interrupt_sent") + self.db.sweep_in_state("retry"):
@@ -476,10 +490,15 @@ class Sweeper:
                 "detail": detail,
             },
         )
-        sink = self.sink()
-        sink.put(alert)
-        loop = asyncio.get_running_loop()
-        loop.call_later(self.config.announce_for, lambda: sink.put(alert.resolved(time.time())))
+        self.ledger.raise_alert(alert, identity=entry.identity)
+
+    def _expire_announcements(self) -> None:
+        """ChatSwept announcements resolve after ``announce_for`` (checked every pass, on
+        firing alerts the detector persisted: a restart in between resolves them too)."""
+        cutoff = time.time() - self.config.announce_for
+        for fp, alert in list(self.ledger.firing.items()):
+            if alert.name == "ChatSwept" and alert.starts_at <= cutoff:
+                self.ledger.clear_alert(fp, why="announced long enough")
 
     def _limiter(self, identity: str) -> RateLimiter:
         lim = self._limiters.get(identity)

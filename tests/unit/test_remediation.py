@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -169,3 +170,77 @@ def test_orchestrator_chats_are_swept_only_by_a_policy_that_names_them() -> None
     assert match_policy(compile_policies(plain), exp, now=10.0, labels={}) is not None
     assert match_policy(compile_policies(named), orc, now=10.0, labels={}) is not None
     assert match_policy(compile_policies(named), exp, now=10.0, labels={}) is None
+
+
+async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A ChatSwept announcement fires through the detector's persisted ledger (not a timer),
+    leaves the chat's own clock alone, and resolves after announce_for — also when the
+    daemon restarted in between."""
+    from watchd.alerting.model import Alert
+    from watchd.clock import ServerClock
+    from watchd.config import Budgets
+    from watchd.detection.detector import Detector
+    from watchd.detection.health import IdentityHealth
+    from watchd.store.persistence import StateDB
+    from watchd.sweeping import Sweeper
+
+    class Sink:
+        def __init__(self) -> None:
+            self.alerts: list[Alert] = []
+
+        def put(self, alert: Alert) -> None:
+            self.alerts.append(alert)
+
+    def build(db: StateDB, store: ChatStore, sink: Sink) -> tuple[Detector, Sweeper]:
+        det = Detector(store=store, sink=sink, db=db)
+        health = IdentityHealth(
+            name="a", deployment="http://x", server_clock=ServerClock(), unhealthy_after=60
+        )
+        health.set_state("ready")
+        config = SweepConfig.model_validate(
+            {
+                "enabled": True,
+                "announce_for": "1s",
+                "policies": [
+                    {"name": "p", "status": ["running"], "older_than": "1s", "action": "interrupt"}
+                ],
+            }
+        )
+        sweeper = Sweeper(
+            config=config,
+            store=store,
+            health={"a": health},
+            clients=lambda _n: None,
+            db=db,
+            ledger=det,
+            audit_path=tmp_path / "audit.jsonl",
+            labels=lambda _n: {},
+        )
+        det.register(health, confirmer=None, budgets=Budgets(running=3600), labels={})  # type: ignore[arg-type]
+        return det, sweeper
+
+    db = StateDB(tmp_path / "state.db")
+    store = ChatStore()
+    store.observe(
+        "a", Chat(id=ChatId("c1"), status="running", updated_at=1.0), now=2.0, via="listing"
+    )
+    sink = Sink()
+    det, sweeper = build(db, store, sink)
+    await sweeper.sweep_once()  # dry run: plans, announces
+    assert [(a.name, a.status) for a in sink.alerts] == [("ChatSwept", "firing")]
+    assert ("a", "c1", "status") in det.timers._live, "the chat's own clock still runs"
+    await det.unregister("a", reason="restart", resolve=False)
+    db.flush()
+    db.close()
+
+    db = StateDB(tmp_path / "state.db")
+    sink = Sink()
+    det, sweeper = build(db, store, sink)
+    assert any(a.name == "ChatSwept" for a in det.firing.values())
+    await asyncio.sleep(1.1)
+    await sweeper.sweep_once()
+    assert ("ChatSwept", "resolved") in [(a.name, a.status) for a in sink.alerts]
+    await det.unregister("a", reason="test over")
+    db.close()

@@ -129,12 +129,13 @@ async def test_classification_yields_to_the_loop(
     task = asyncio.create_task(ticker())
     await asyncio.sleep(0)
     before = ticks
-    await status.classify(daemon, 1_900_000_000.0)
+    got = await status.classify(daemon, 1_900_000_000.0)
     during = ticks - before
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert during >= N // status.CHUNK - 1
+    assert got.total == N and len(got.selected) == N
 
 
 def test_chart_is_server_rendered_svg_per_status() -> None:
@@ -149,3 +150,18 @@ def test_chart_is_server_rendered_svg_per_status() -> None:
     assert svg.count("<polyline") == 2
     assert "data-status='running'" in svg and "running 5" in svg
     assert "<script" not in svg
+
+
+async def test_inhibited_alerts_are_classified_and_counted(daemon: Daemon) -> None:
+    """An IdentityUnhealthy for team-a marks team-a's chat alerts inhibited (not active)."""
+    daemon.detector.firing["unhealthy"] = Alert(
+        fingerprint="unhealthy",
+        labels={"alertname": "IdentityUnhealthy", "identity": "team-a"},
+        starts_at=1_800_000_000.0,
+    )
+    doc = await status_document(daemon, StatusQuery(state="inhibited", limit=10))
+    al = doc["alerts"]
+    assert al["counts"]["by_state"] == {"active": 8001, "silenced": 2000, "inhibited": N // 2}
+    assert al["matching"] == N // 2
+    assert {a["state"] for a in al["firing"]} == {"inhibited"}
+    assert {a["labels"]["identity"] for a in al["firing"]} == {"team-a"}

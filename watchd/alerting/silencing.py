@@ -135,6 +135,32 @@ class Inhibition:
     equal: tuple[str, ...]
 
 
+class InhibitionIndex:
+    """Firing sources indexed per rule by their ``equal`` values; called, it answers
+    whether an alert is inhibited."""
+
+    def __init__(self, rules: list[Inhibition]) -> None:
+        self.rules = rules
+        self._by_equal: list[dict[tuple[str, ...], set[str]]] = [{} for _ in rules]
+
+    def add(self, src: Alert) -> None:
+        if not src.firing:
+            return
+        for rule, by_equal in zip(self.rules, self._by_equal, strict=True):
+            if all_match(rule.source, src.labels):
+                key = tuple(src.labels.get(k, "") for k in rule.equal)
+                by_equal.setdefault(key, set()).add(src.fingerprint)
+
+    def __call__(self, alert: Alert) -> bool:
+        for rule, by_equal in zip(self.rules, self._by_equal, strict=True):
+            if not by_equal or not all_match(rule.target, alert.labels):
+                continue
+            fps = by_equal.get(tuple(alert.labels.get(k, "") for k in rule.equal))
+            if fps and (len(fps) > 1 or alert.fingerprint not in fps):
+                return True
+        return False
+
+
 class Inhibitor:
     def __init__(self, rules: Iterable[InhibitRule]) -> None:
         self.rules = [
@@ -147,27 +173,14 @@ class Inhibitor:
     def prepare(self, firing: Iterable[Alert]) -> Callable[[Alert], bool]:
         """A checker for one flush: sources are matched once and indexed by their ``equal``
         label values, so checking N targets costs O(N), not O(N × firing)."""
-        indexed: list[tuple[Inhibition, dict[tuple[str, ...], set[str]]]] = []
-        firing = list(firing)
-        for rule in self.rules:
-            by_equal: dict[tuple[str, ...], set[str]] = {}
-            for src in firing:
-                if src.firing and all_match(rule.source, src.labels):
-                    key = tuple(src.labels.get(k, "") for k in rule.equal)
-                    by_equal.setdefault(key, set()).add(src.fingerprint)
-            if by_equal:
-                indexed.append((rule, by_equal))
+        index = self.index()
+        for src in firing:
+            index.add(src)
+        return index
 
-        def check(alert: Alert) -> bool:
-            for rule, by_equal in indexed:
-                if not all_match(rule.target, alert.labels):
-                    continue
-                fps = by_equal.get(tuple(alert.labels.get(k, "") for k in rule.equal))
-                if fps and (len(fps) > 1 or alert.fingerprint not in fps):
-                    return True
-            return False
-
-        return check
+    def index(self) -> InhibitionIndex:
+        """An empty index to fill source by source (e.g. in chunks, yielding in between)."""
+        return InhibitionIndex(self.rules)
 
     def inhibited(self, alert: Alert, firing: Iterable[Alert]) -> bool:
         return self.prepare(firing)(alert)

@@ -64,12 +64,6 @@ from watchd.store.lock import StateInUse, StateLock
 from watchd.store.persistence import StateDB
 from watchd.sweeping import Sweeper
 from watchd.telemetry.events import EventSink, EventSource, NullSink, own_source
-from watchd.telemetry.export import (
-    SpanExport,
-    build_exporter,
-    effective_otlp,
-    printable_endpoint,
-)
 from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline
 from watchd.telemetry.spans import SpanConverter
@@ -89,11 +83,21 @@ CONCURRENT_LISTINGS = 4
 def build_telemetry(config: Config) -> SpanPipeline:
     t = config.telemetry
     kind = t.exporter_kind(dict(os.environ))
-    exporter = build_exporter(
-        kind=kind, protocol=t.protocol, endpoint=t.endpoint, timeout=t.timeout
-    )
     export = None
-    if exporter is not None:
+    if kind != "none":
+        # The OpenTelemetry SDK (and OTLP/gRPC with protobuf) only when spans are exported:
+        # a sidecar that exports nothing never pays for importing it.
+        from watchd.telemetry.export import (
+            SpanExport,
+            build_exporter,
+            effective_otlp,
+            printable_endpoint,
+        )
+
+        exporter = build_exporter(
+            kind=kind, protocol=t.protocol, endpoint=t.endpoint, timeout=t.timeout
+        )
+        assert exporter is not None
         export = SpanExport(
             exporter,
             max_queue_size=t.max_queue_size,
@@ -512,7 +516,7 @@ class Daemon:
             health=self.health,
             clients=lambda n: self.watchers[n].client if n in self.watchers else None,
             db=self.db,
-            sink=lambda: self.detector.sink,
+            ledger=self.detector,
             audit_path=state_dir(config) / "sweep-audit.jsonl",
             labels=lambda n: next((i.labels for i in self.config.identities if i.name == n), {}),
             on_invalid=self.detector.note_invalid,

@@ -8,11 +8,11 @@ its first seed attempt (one that failed is reported by IdentityUnhealthy and /st
 from __future__ import annotations
 
 import hmac
-import json
 import os
 import time
 from typing import TYPE_CHECKING
 
+import orjson
 from aiohttp import web
 
 from watchd.alerting.silencing import Silence, new_id
@@ -109,8 +109,11 @@ class Server:
         # Last line of defence: nothing a server echoed (a token) leaves through /status.
         if wants_html:
             return web.Response(text=REGISTRY.scrub(status_html(doc)), content_type="text/html")
+        # orjson: encoding a full page is ~10x faster than json, and it runs on the loop.
+        # The scrub is the last line of defence: nothing a server echoed (a token) leaves.
         return web.Response(
-            text=REGISTRY.scrub(json.dumps(doc, indent=1)), content_type="application/json"
+            text=REGISTRY.scrub(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode()),
+            content_type="application/json",
         )
 
     async def metrics(self, request: web.Request) -> web.Response:

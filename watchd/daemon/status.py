@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import operator
 import time
 from collections import Counter, deque
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ JSON_MAX_LIMIT = 2000
 HTML_PAGE = 200  # alert rows per HTML page: ~150 KB at most
 CHUNK = 1000  # alerts classified between yields to the event loop
 RESOLVED_SHOWN = 50
+_STARTS = operator.attrgetter("starts_at")
 HISTORY_WINDOW = 3600.0  # the chart's span: the last hour
 HISTORY_EVERY = 30.0  # one sample of chats-by-status per identity this often
 
@@ -129,23 +131,62 @@ def _alert_json(a: Alert, state: str, now: float) -> dict[str, Any]:
     return doc
 
 
-async def classify(d: Daemon, now: float) -> list[tuple[Alert, str]]:
-    """Every firing alert with its state (active, silenced, inhibited), oldest first,
-    classified ``CHUNK`` at a time with a yield in between: the loop stays responsive."""
-    firing = sorted(
-        d.detector.firing.values(), key=lambda a: (a.labels.get("identity", ""), a.starts_at)
-    )
-    inhibited = d.inhibitor.prepare(firing)
-    out: list[tuple[Alert, str]] = []
-    for i, a in enumerate(firing):
-        if i and i % CHUNK == 0:
-            await asyncio.sleep(0)
-        if d.silencer.muted_by(a.labels, now):
-            out.append((a, "silenced"))
-        elif inhibited(a):
-            out.append((a, "inhibited"))
-        else:
-            out.append((a, "active"))
+@dataclass
+class Classified:
+    """Firing alerts as the status page needs them: counts over all, the filtered list."""
+
+    total: int = 0
+    by_state: Counter[str] = field(default_factory=Counter)
+    by_name: Counter[str] = field(default_factory=Counter)
+    by_identity: Counter[str] = field(default_factory=Counter)
+    selected: list[tuple[Alert, str]] = field(default_factory=list)
+
+
+async def classify(d: Daemon, now: float, q: StatusQuery | None = None) -> Classified:
+    """Every firing alert's state (active, silenced, inhibited), counted, and those the
+    query selects, oldest first per identity. ``CHUNK`` alerts at a time with a yield in
+    between, so a big request never holds up the loop (and /healthz) for long."""
+    q = q or StatusQuery()
+    # Bucketed by identity in chunks, then each bucket ordered by a C-level key: one big
+    # sort with a Python key function would hold the loop for tens of milliseconds.
+    everything = list(d.detector.firing.values())
+    buckets: dict[str, list[Alert]] = {}
+    for start in range(0, len(everything), CHUNK):
+        await asyncio.sleep(0)
+        for a in everything[start : start + CHUNK]:
+            buckets.setdefault(a.labels.get("identity", ""), []).append(a)
+    alerts: list[Alert] = []
+    for ident in sorted(buckets):
+        await asyncio.sleep(0)
+        alerts.extend(sorted(buckets[ident], key=_STARTS))
+    inhibited = d.inhibitor.index()
+    for start in range(0, len(alerts), CHUNK):
+        await asyncio.sleep(0)
+        for a in alerts[start : start + CHUNK]:
+            inhibited.add(a)
+    out = Classified(total=len(alerts))
+    muted_by = d.silencer.muted_by
+    for start in range(0, len(alerts), CHUNK):
+        await asyncio.sleep(0)
+        for a in alerts[start : start + CHUNK]:
+            labels = a.labels
+            if muted_by(labels, now):
+                state = "silenced"
+            elif inhibited(a):
+                state = "inhibited"
+            else:
+                state = "active"
+            ident = labels.get("identity", "")
+            name = labels.get("alertname", "")
+            out.by_state[state] += 1
+            out.by_name[name] += 1
+            out.by_identity[ident] += 1
+            if (
+                (not q.identity or ident == q.identity)
+                and (not q.alertname or name == q.alertname)
+                and (not q.state or state == q.state)
+            ):
+                out.selected.append((a, state))
     return out
 
 
@@ -164,17 +205,8 @@ def read_caps(d: Daemon) -> dict[str, int]:
 async def status_document(d: Daemon, query: StatusQuery | None = None) -> dict[str, Any]:
     q = query or StatusQuery()
     now = time.time()
-    classified = await classify(d, now)
-    by_state = Counter(s for _, s in classified)
-    by_name = Counter(a.name for a, _ in classified)
-    by_identity = Counter(a.labels.get("identity", "") for a, _ in classified)
-    selected = [
-        (a, s)
-        for a, s in classified
-        if (not q.identity or a.labels.get("identity") == q.identity)
-        and (not q.alertname or a.name == q.alertname)
-        and (not q.state or s == q.state)
-    ]
+    c = await classify(d, now, q)
+    by_state, by_name, by_identity, selected = c.by_state, c.by_name, c.by_identity, c.selected
     page = selected[q.offset : q.offset + q.limit]
     resolved = [a for a in reversed(d.detector.history) if not a.firing][:RESOLVED_SHOWN]
     det = d.detector
@@ -187,7 +219,7 @@ async def status_document(d: Daemon, query: StatusQuery | None = None) -> dict[s
         "identities": identities,
         "alerts": {
             "firing": [_alert_json(a, s, now) for a, s in page],
-            "firing_total": len(classified),
+            "firing_total": c.total,
             "matching": len(selected),
             "offset": q.offset,
             "limit": q.limit,

@@ -59,6 +59,7 @@ SEVERITY = {
     "ChatFailed": "info",
     "IdentityUnhealthy": "critical",
 }
+CHAT_VERDICTS = frozenset({"ChatStuck", "ChatStranded", "ChatStalled", "ChatFailed"})
 _LABEL_KEY = re.compile(r"[^a-zA-Z0-9_]")
 RETRY_CONFIRM_AFTER = 30.0
 # Before confirming, let a burst of due chats finish coming due: wait until no new one
@@ -746,7 +747,9 @@ class Detector:
     def _remember(self, alert: Alert) -> None:
         self.firing[alert.fingerprint] = alert
         chat = alert.labels.get("chat_id")
-        if chat:
+        # Only verdicts about a chat's state hold its clock (ChatSwept, an announcement,
+        # must neither stop the chat's timer nor resolve when the chat moves).
+        if chat and alert.name in CHAT_VERDICTS:
             identity = alert.labels.get("identity", "")
             self._by_chat.setdefault((identity, chat), set()).add(alert.fingerprint)
             clock = "stalled" if alert.name == "ChatStalled" else "status"

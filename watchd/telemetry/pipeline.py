@@ -10,11 +10,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from watchd import logs
 from watchd.telemetry.events import QueueSink
-from watchd.telemetry.export import SpanExport
 from watchd.telemetry.spans import SpanConverter
+
+if TYPE_CHECKING:
+    # The OpenTelemetry SDK is imported only when an exporter is configured.
+    from watchd.telemetry.export import SpanExport
 
 log = logs.get("watchd.telemetry")
 
