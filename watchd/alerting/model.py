@@ -24,6 +24,10 @@ class Alert:
     annotations: Mapping[str, str] = field(default_factory=dict)
     starts_at: float = 0.0
     ends_at: float | None = None
+    # Host time the annotations' time in status was measured (None: at starts_at). Chat
+    # alerts start at a server time (clock start + budget, the same on every replica);
+    # their age moves on from when this daemon measured it, so skew never enters.
+    measured_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -61,7 +65,8 @@ def _age_at(alert: Alert, at: float) -> float | None:
         fired_age = float(base)
     except ValueError:
         return None
-    return fired_age + max(0.0, at - alert.starts_at)
+    anchor = alert.measured_at if alert.measured_at is not None else alert.starts_at
+    return fired_age + max(0.0, at - anchor)
 
 
 def live(alert: Alert, now: float) -> Alert:

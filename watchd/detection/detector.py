@@ -629,8 +629,15 @@ class Detector:
                 f"status={e.status_code if e.status_code is not None else '-'}, "
                 f"retryable={'yes' if e.retryable else 'no'})"
             )
+        # startsAt from what the server said (the clock start plus the budget: when the
+        # chat went past it), never from this replica's clock: every replica owning the
+        # identity sends the same one, as it sends the same fingerprint (docs/kubernetes.md).
         return Alert(
-            fingerprint=fp, labels=labels, annotations=annotations, starts_at=self.wall.now()
+            fingerprint=fp,
+            labels=labels,
+            annotations=annotations,
+            starts_at=since + limit,
+            measured_at=self.wall.now(),
         )
 
     def _duration(self, seconds: float) -> str:
@@ -791,7 +798,9 @@ class Detector:
                 fps.discard(fp)
                 if not fps:
                     del self._by_chat[key]
-        resolved = resolution(alert, at=at, why=why)
+        # A chat alert starts at a server time; a host clock behind the server must not
+        # end it before it started (Alertmanager refuses endsAt < startsAt).
+        resolved = resolution(alert, at=max(at, alert.starts_at), why=why)
         if self.db is not None:
             self.db.delete_alert(fp)
         self.counters["resolved"] += 1
