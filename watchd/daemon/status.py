@@ -185,6 +185,7 @@ async def status_document(d: Daemon, query: StatusQuery | None = None) -> dict[s
         "uptime_seconds": round(time.monotonic() - d.started, 1),
         "ready": d.ready(),
         "identities": identities,
+        "sharding": sharding_summary(d),
         "alerts": {
             "firing": [_alert_json(a, s, now) for a, s in page],
             "firing_total": len(classified),
@@ -507,6 +508,21 @@ def _chat_cell(a: dict[str, Any]) -> str:
     if link.startswith(("http://", "https://")):
         return f"<a class='chat' href='{e(link)}'>{text or e(link)}</a>"
     return text
+
+
+def sharding_summary(d: Daemon) -> dict[str, Any]:
+    """Which identities this replica watches and which replicas own the others."""
+    sh = d.config.sharding
+    owners = d.config.identity_owners()
+    return {
+        "replica": d.shard_index,
+        "replicas": sh.replicas,
+        "replication_factor": sh.replication_factor,
+        "watching": d.config.watching,
+        "owned": sorted(d.health),
+        "others": {name: reps for name, reps in sorted(owners.items()) if name not in d.health},
+        "owners": owners,
+    }
 
 
 def telemetry_summary(d: Daemon) -> dict[str, Any]:

@@ -60,6 +60,17 @@ def _error(exc: SimError) -> web.Response:
     return _json(exc.status, exc.body, exc.headers)
 
 
+def _request_kind(method: str, path: str, is_ws: bool) -> str:
+    """watch | list | get | other, for the per-user request log."""
+    if is_ws or path.endswith("/chats/watch"):
+        return "watch"
+    if method == "GET" and path.endswith("/chats"):
+        return "list"
+    if method == "GET" and "/chats/" in path and path.count("/") == 4:
+        return "get"
+    return "other"
+
+
 def _date(ts: float) -> str:
     return time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(ts))
 
@@ -137,6 +148,11 @@ class SimServer:
             user = self._authenticate(request)
             request[USER_KEY] = user
             is_ws = request.headers.get("Upgrade", "").lower() == "websocket"
+            state.log_request(
+                user.username,
+                _request_kind(request.method, request.path, is_ws),
+                request.headers.get("User-Agent", ""),
+            )
             if not is_ws:
                 if state.faults.throttle_next > 0:
                     state.faults.throttle_next -= 1
@@ -684,6 +700,7 @@ class SimServer:
                 "published": s.published,
                 "lost": s.lost,
                 "requests": s.requests,
+                "requests_by_user": s.requests_by_user,
                 "watchers": len(s.subscribers),
             },
         )

@@ -192,6 +192,9 @@ class SimState:
         self.lost = 0
         self.oversize = 0
         self.requests = 0
+        # Authenticated requests by username, kind (watch | list | get | other) and
+        # User-Agent: who asked for what, e.g. which replica watches which identity.
+        self.requests_by_user: dict[str, dict[str, dict[str, int]]] = {}
         self.client_data_frames = 0
         # Indexes so listings stay linear: parent → children, root → descendants.
         self._children: dict[str, list[str]] = {}
@@ -213,6 +216,11 @@ class SimState:
     def now(self) -> float:
         """The simulated server's clock (the host's, shifted by ``clock_offset``)."""
         return time.time() + self.clock_offset
+
+    def log_request(self, username: str, kind: str, agent: str) -> None:
+        kinds = self.requests_by_user.setdefault(username, {})
+        agents = kinds.setdefault(kind, {})
+        agents[agent] = agents.get(agent, 0) + 1
 
     def new_id(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
