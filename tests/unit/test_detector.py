@@ -504,3 +504,18 @@ async def test_an_event_stamped_1970_does_not_fire() -> None:
         assert r.sink.alerts == []
         rec = r.store.get("a", "c1")
         assert rec is not None and rec.since > 1_000_000_000
+
+
+async def test_handing_an_identity_over_forgets_its_alerts_without_resolving() -> None:
+    """Resharding: the alerts of an identity another replica now owns leave this detector
+    silently (no resolve is sent: the new owner keeps them firing)."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 100)
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")]
+        fp = r.sink.alerts[0].fingerprint
+        assert r.det.hand_over("a") == [fp]
+        assert r.det.firing == {} and r.sink.names() == [("ChatStuck", "firing")]
+        await r.det.unregister("a", reason="moved", resolve=True)
+        assert r.sink.names() == [("ChatStuck", "firing")]

@@ -470,8 +470,12 @@ class Daemon:
             or self.secrets.tokens[n].get_secret_value() != secrets.tokens[n].get_secret_value()
         )
         self.config, self.secrets = config, secrets
+        still_configured = {i.name for i in config.identities}
         for name in removed:
-            await self.remove_identity(name, forget=True)
+            # Owned by another replica now (resharding): it keeps the alerts firing under
+            # the same fingerprints, so they are handed over, not resolved.
+            handed = name in still_configured
+            await self.remove_identity(name, forget=True, hand_over=handed)
             self.metrics.identity_removed(name)
         for name in changed:
             # Same deployment: keep the chats' clocks and firing alerts; only restart.
@@ -551,11 +555,18 @@ class Daemon:
                 self.sweeper.recent.extend(old.recent)
             self.supervisor.spawn("sweep", self.sweeper.run, group="watchers", restart=True)
 
-    async def remove_identity(self, name: str, *, forget: bool) -> None:
+    async def remove_identity(self, name: str, *, forget: bool, hand_over: bool = False) -> None:
         await self.supervisor.stop(f"watch:{name}")
         await self.supervisor.stop(f"reconcile:{name}")
         await self.supervisor.stop(f"quota:{name}")
-        await self.detector.unregister(name, reason="identity removed from config", resolve=forget)
+        await self.detector.unregister(
+            name, reason="identity removed from config", resolve=forget and not hand_over
+        )
+        if hand_over:
+            dropped = self.detector.hand_over(name)
+            if self.dispatcher is not None:
+                self.dispatcher.hand_over(dropped)
+            log.info("sharding.handed_over", identity=name, alerts=len(dropped))
         self.health.pop(name, None)
         self.watchers.pop(name, None)
         if forget:

@@ -189,6 +189,29 @@ class Detector:
             if alert.labels.get("identity") == name:
                 self._resolve(fp, at=now, why=reason)
 
+    def hand_over(self, name: str) -> list[str]:
+        """Forget an identity's firing alerts without resolving them: another replica owns
+        the identity now (resharding) and keeps them firing under the same fingerprints.
+        Returns the fingerprints dropped."""
+        dropped = []
+        for fp, alert in list(self.firing.items()):
+            if alert.labels.get("identity") != name:
+                continue
+            del self.firing[fp]
+            chat = alert.labels.get("chat_id")
+            if chat:
+                clock = "stalled" if alert.name == "ChatStalled" else "status"
+                self._firing_clocks.pop((name, chat, clock), None)
+                fps = self._by_chat.get((name, chat))
+                if fps is not None:
+                    fps.discard(fp)
+                    if not fps:
+                        del self._by_chat[(name, chat)]
+            if self.db is not None:
+                self.db.delete_alert(fp)
+            dropped.append(fp)
+        return dropped
+
     def readiness_changed(self, name: str) -> None:
         """Called by the watcher after a seed completes or the stream is lost."""
         w = self.watched.get(name)

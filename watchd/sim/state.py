@@ -138,6 +138,7 @@ class Subscriber:
     user_id: str
     queue: asyncio.Queue[dict[str, Any] | None]
     dropped: int = 0
+    agent: str = ""  # the watching client's User-Agent
 
 
 class SimError(Exception):
@@ -526,12 +527,14 @@ class SimState:
 
     # -- watch pubsub ----------------------------------------------------------------
 
-    def subscribe(self, user_id: str) -> Subscriber:
+    def subscribe(self, user_id: str, *, agent: str = "") -> Subscriber:
         if self.faults.subscribe_fail:
             raise SimError(
                 500, "Internal error subscribing to chat events.", "pubsub: connection refused"
             )
-        sub = Subscriber(user_id=user_id, queue=asyncio.Queue(maxsize=self.subscriber_buffer))
+        sub = Subscriber(
+            user_id=user_id, queue=asyncio.Queue(maxsize=self.subscriber_buffer), agent=agent
+        )
         self.subscribers.add(sub)
         return sub
 
