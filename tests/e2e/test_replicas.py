@@ -371,6 +371,13 @@ async def test_three_shards_watch_disjoint_identities_and_a_fourth_takes_about_a
         sh = (await d.status())["sharding"]
         assert sh["replica"] == i and sh["owned"] == sorted(n for n, o in three.items() if i in o)
         assert sh["others"] == {n: o for n, o in sorted(three.items()) if i not in o}
+        _, metrics = await d.get("/metrics")
+        assert f'watchd_shard_info{{replica="{i}",replicas="3",replication_factor="1"}} 1.0' in (
+            metrics
+        )
+        assert f"watchd_identities_owned {float(len(sh['owned']))}" in metrics
+        for name, (owner,) in three.items():
+            assert f'watchd_identity_owner{{identity="{name}",replica="{owner}"}} 1.0' in metrics
 
     # Four replicas: the fourth starts, the three reload (SIGHUP) with replicas: 4.
     four = assignment(user_of, replicas=4)

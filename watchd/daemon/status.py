@@ -478,7 +478,7 @@ def status_html(doc: dict[str, Any]) -> str:
 <style>{_CSS}</style></head><body>
 <h1>watchd <small>v{e(doc["version"])} · up {e(format_duration(doc["uptime_seconds"]))}
  · {"ready" if doc["ready"] else "not ready"} · as of {_iso(now)}</small></h1>
-{reload_note}
+{_shard_note(doc["sharding"])}{reload_note}
 <h2>Firing alerts ({counts["active"]} active, {counts["silenced"]} silenced,
  {counts["inhibited"]} inhibited)</h2>
 {filters}{nav}
@@ -508,6 +508,18 @@ def _chat_cell(a: dict[str, Any]) -> str:
     if link.startswith(("http://", "https://")):
         return f"<a class='chat' href='{e(link)}'>{text or e(link)}</a>"
     return text
+
+
+def _shard_note(sh: dict[str, Any]) -> str:
+    """One line saying which replica this is, when there are several."""
+    if sh["replicas"] == 1:
+        return ""
+    others = len(sh["others"])
+    return (
+        f"<p>replica {sh['replica']} of {sh['replicas']} (each identity on "
+        f"{sh['replication_factor']}): watching {len(sh['owned'])} identities; "
+        f"{others} owned by other replicas (see <code>sharding</code> in the JSON)</p>\n"
+    )
 
 
 def sharding_summary(d: Daemon) -> dict[str, Any]:

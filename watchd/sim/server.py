@@ -158,8 +158,8 @@ class SimServer:
             is_ws = request.headers.get("Upgrade", "").lower() == "websocket"
             state.log_request(
                 user.username,
-                _request_kind(request.method, request.path, is_ws),
-                request.headers.get("User-Agent", ""),
+                kind=_request_kind(request.method, request.path, is_ws),
+                agent=request.headers.get("User-Agent", ""),
             )
             if not is_ws:
                 if state.faults.throttle_next > 0:

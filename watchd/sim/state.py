@@ -218,7 +218,7 @@ class SimState:
         """The simulated server's clock (the host's, shifted by ``clock_offset``)."""
         return time.time() + self.clock_offset
 
-    def log_request(self, username: str, kind: str, agent: str) -> None:
+    def log_request(self, username: str, *, kind: str, agent: str) -> None:
         kinds = self.requests_by_user.setdefault(username, {})
         agents = kinds.setdefault(kind, {})
         agents[agent] = agents.get(agent, 0) + 1

@@ -175,7 +175,7 @@ class AlertmanagerNotifier:
             classify_http(answer, who=who)
             return
         results = await asyncio.gather(
-            *(self._push(i, url, data, who) for i, url in enumerate(self.urls)),
+            *(self._push(url, data=data, who=f"{who} peer {i}") for i, url in enumerate(self.urls)),
             return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -190,13 +190,12 @@ class AlertmanagerNotifier:
             retryable=retryable,
         )
 
-    async def _push(self, i: int, url: str, data: bytes, who: str) -> None:
-        peer = f"{who} peer {i}"
+    async def _push(self, url: str, *, data: bytes, who: str) -> None:
         try:
             answer = await post(
-                self.session, url, body=data, headers={}, deadline=self.timeout, who=peer
+                self.session, url, body=data, headers={}, deadline=self.timeout, who=who
             )
-            classify_http(answer, who=peer)
+            classify_http(answer, who=who)
         except NotifyError as exc:
             self.peer_errors[url] = str(exc)
             raise
