@@ -665,8 +665,11 @@ class Config(Strict):
         sh = self.sharding
         if not sh.ha or sh.ha_direct_receivers == "allow":
             return
+        # Receivers alerts are routed to. One used only by `heartbeat` gets each replica's
+        # own Watchdog, which is meant to come from every replica.
+        routed = set(_route_receivers(self.route))
         for i, r in enumerate(self.receivers):
-            if r.kind in DIRECT_KINDS:
+            if r.kind in DIRECT_KINDS and r.name in routed:
                 raise ValueError(
                     f"receivers.{i}.{r.kind}: receiver {r.name!r} would page once per replica: "
                     f"sharding.replication_factor is {sh.replication_factor}, so "
@@ -712,6 +715,13 @@ class Config(Strict):
 
     def budgets_for(self, identity: IdentityConfig) -> Budgets:
         return identity.budgets or self.budgets
+
+
+def _route_receivers(route: RouteConfig) -> list[str]:
+    out = [route.receiver] if route.receiver else []
+    for child in route.routes:
+        out += _route_receivers(child)
+    return out
 
 
 # Receivers that notify people directly (no deduplication across senders).

@@ -222,3 +222,32 @@ def test_alertmanager_receiver_takes_one_url_or_its_peers(am: dict[str, object],
     with pytest.raises(ConfigError) as err:
         parse_config(body)
     assert all(p.startswith("receivers.0.alertmanager") for p in err.value.problems), err.value
+
+
+def test_ha_refuses_direct_receivers_anywhere_in_the_route_tree_but_not_heartbeat_only() -> None:
+    """A webhook in a child route is refused in HA; one used only for each replica's own
+    Watchdog heartbeat is not (every replica is meant to send that)."""
+    receivers = [
+        {"name": "am", "alertmanager": {"urls": ["http://am-0:9093", "http://am-1:9093"]}},
+        {"name": "hook", "webhook": {"url": "https://hooks.example.com/x"}},
+    ]
+    child = cfg(
+        ["a"],
+        sharding=HA_PAIR,
+        receivers=receivers,
+        route={"receiver": "am", "routes": [{"matchers": ['team="x"'], "receiver": "hook"}]},
+    )
+    with pytest.raises(ConfigError) as err:
+        parse_config(child)
+    assert err.value.problems[0].startswith("receivers.1.webhook: receiver 'hook'")
+    beat = cfg(
+        ["a"],
+        sharding=HA_PAIR,
+        receivers=receivers,
+        route={"receiver": "am"},
+        heartbeat={"receivers": ["hook"]},
+    )
+    assert parse_config(beat).heartbeat.receivers == ["hook"]
+
+
+HA_PAIR = {"replicas": 2, "replication_factor": 2}
