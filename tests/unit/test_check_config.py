@@ -117,3 +117,35 @@ def test_check_config_explains_why_ha_refuses_a_webhook(tmp_path: Path) -> None:
     assert "receivers.0.webhook: receiver 'hook' would page once per replica" in r.stderr
     assert "Alertmanager cluster" in r.stderr and "ha_direct_receivers: allow" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_run_without_a_readable_pod_ordinal_exits_2_naming_the_field(tmp_path: Path) -> None:
+    """index_from: pod_name with a POD_NAME that has no ordinal: `run` exits 2 with one line
+    naming sharding.index_from (no traceback), and check-config says run would fail."""
+    import os
+
+    cfg = _sharded(tmp_path, replicas=3, index_from="pod_name")
+    env = {**os.environ, "POD_NAME": "billing-agent-7d9f-abcde"}
+    r = subprocess.run(
+        [sys.executable, "-m", "watchd", "run", "-c", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert r.returncode == 2
+    assert "watchd: cannot start: sharding.index_from: POD_NAME 'billing-agent-7d9f-abcde'" in (
+        r.stderr
+    )
+    assert "Traceback" not in r.stderr
+    check = subprocess.run(
+        [sys.executable, "-m", "watchd", "check-config", "-c", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert check.returncode == 2 and "`watchd run` would fail:" in check.stderr
+    assert "does not end in a pod ordinal" in check.stderr
