@@ -395,3 +395,48 @@ async def test_three_shards_watch_disjoint_identities_and_a_fourth_takes_about_a
     await eventually(lambda: watched_by(four), within=20)
     sh = (await fourth.status())["sharding"]
     assert sh["owned"] == moved
+
+
+async def test_resharding_hands_alerts_over_without_a_page_or_a_resolve(
+    start_sim: StartSim,
+    replicas: Replicas,
+    hook: FakeWebhook,
+    am_cluster: AlertmanagerCluster,
+) -> None:
+    """One replica grows to two (SIGHUP + a new pod): the identity that moves is handed
+    over — no resolve, no second page through Alertmanager — and its new owner resolves it
+    once when the chat moves on."""
+    await am_cluster.wait_formed()
+    sim = start_sim()
+    idents = [("team-a", "alice"), ("team-b", "bob")]
+    two = assignment([n for n, _ in idents], replicas=2)
+    moving = next(n for n, owners in two.items() if owners == [1])
+    staying = next(n for n, owners in two.items() if owners == [0])
+    routing = {
+        "receivers": [{"name": "am", "alertmanager": {"urls": am_cluster.urls}}],
+        "route": {"receiver": "am", **FAST_ROUTE},
+    }
+    r0 = replicas.start(sim, "r0", identities=idents, extra=routing)
+    await r0.wait_ready()
+    user = dict(idents)
+    chats = {n: await sim.add_chat(user[n], status="running", title=n) for n in (moving, staying)}
+    await exactly_once(hook, "firing", list(chats.values()), quiet=2)
+
+    r0.config["sharding"] = {"replicas": 2, "index": 0}
+    r0.rewrite(r0.config)
+    r0.signal(signal.SIGHUP)
+    r1 = replicas.start(
+        sim, "r1", identities=idents, extra={**routing, "sharding": {"replicas": 2, "index": 1}}
+    )
+    await r1.wait_ready()
+    await eventually(lambda: all_firing(r1, 1), within=20)
+    await eventually(lambda: all_firing(r0, 1), within=20)
+    (kept,) = await r0.firing()
+    assert kept["labels"]["identity"] == staying
+    await asyncio.sleep(3)
+    assert notifications(hook, "resolved") == Counter(), hook.received
+    assert notifications(hook, "firing") == Counter(dict.fromkeys(chats.values(), 1))
+
+    await sim.set_status(chats[moving], "waiting")
+    await exactly_once(hook, "resolved", [chats[moving]], quiet=2)
+    assert notifications(hook, "resolved")[chats[staying]] == 0
