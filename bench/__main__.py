@@ -45,7 +45,8 @@ def main() -> None:
     ap.add_argument(
         "--only",
         default="",
-        help="comma list: footprint,throughput,scale,reconcile,latency,spans,ingest,status",
+        help="comma list: footprint,throughput,scale,identities,reconcile,latency,spans,"
+        "ingest,status",
     )
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
@@ -55,6 +56,7 @@ def main() -> None:
         ("throughput", lambda: cases.throughput(1, 20_000 if q else 200_000)),
         ("throughput", lambda: cases.throughput(50, 400 if q else 4_000)),
         ("scale", lambda: cases.scale(50, 200 if q else 2_000, 10 if q else 60)),
+        ("identities", lambda: cases.identities(50 if q else 500, 10 if q else 60)),
         ("reconcile", lambda: cases.reconcile_cpu(10_000 if q else 100_000, 500)),
         ("reconcile", lambda: cases.reconcile_cpu(10_000 if q else 100_000, 100)),
         ("latency", lambda: cases.detection_latency(1_000 if q else 10_000, 15.0)),

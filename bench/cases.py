@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -12,6 +13,7 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from bench.procs import Daemon, Sim, wait_for
@@ -280,6 +282,64 @@ def scale(users: int, per_user: int, idle_window: float) -> list[Row]:
             idle2,
             "the same daemon with page_size 100 (0.1)",
             "< 1",
+        ),
+    ]
+
+
+def sockets(pid: int) -> int:
+    """Open sockets of a process (its watch streams, pooled HTTP connections, listener)."""
+    fds = Path(f"/proc/{pid}/fd")
+    n = 0
+    for fd in fds.iterdir():
+        try:
+            n += os.readlink(fd).startswith("socket:")
+        except OSError:
+            continue
+    return n
+
+
+def identities(many: int, idle_window: float) -> list[Row]:
+    """What an identity costs with no chats: memory, open sockets and idle CPU (its watch
+    stream plus one listing per reconcile) — 1 identity against ``many``, 60 s reconcile."""
+    one = Sim("--scenario", "bulk", "--users", "1", "--chats-per-user", "0")
+    lots = Sim("--scenario", "bulk", "--users", str(many), "--chats-per-user", "0")
+    try:
+        extra = {"reconcile_interval": "60s"}
+        d1 = Daemon(one, extra=extra)
+        wait_for(d1.ready, within=120)
+        dn = Daemon(lots, extra=extra)
+        seed = wait_for(dn.ready, within=600, step=0.1)
+        time.sleep(5)  # let the first reconciles' connections settle into the pool
+        rss1, rssn = d1.rss, dn.rss
+        sock1, sockn = sockets(d1.proc.pid), sockets(dn.proc.pid)
+        c1, cn = d1.cpu, dn.cpu
+        time.sleep(idle_window)
+        idle1 = (d1.cpu - c1) / idle_window * 100
+        idlen = (dn.cpu - cn) / idle_window * 100
+        d1.stop()
+        dn.stop()
+    finally:
+        one.stop()
+        lots.stop()
+    per = many - 1
+    return [
+        row(f"seed {many} identities (0 chats): wall", seed, "s", None, ""),
+        row(f"RSS with {many} identities (0 chats)", rssn, "MB", rss1, "1 identity"),
+        row("RSS per identity (incremental)", (rssn - rss1) * 1024 / per, "KB", None, ""),
+        row(f"open sockets with {many} identities", sockn, "sockets", sock1, "1 identity"),
+        row(
+            f"idle CPU over {idle_window:.0f}s ({many} identities, reconcile 60s)",
+            idlen,
+            "% of a core",
+            idle1,
+            "1 identity",
+        ),
+        row(
+            "idle CPU per identity (incremental)",
+            (idlen - idle1) / per * 1000,
+            "milli-% of a core",
+            None,
+            "",
         ),
     ]
 

@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 from watchd import __version__, logs
 from watchd.alerting import routing
@@ -26,6 +27,7 @@ from watchd.config import (
     ResolvedSecrets,
     load_config,
     resolve_secrets,
+    shard_index,
 )
 from watchd.secrets import REGISTRY
 
@@ -76,7 +78,44 @@ def _preflight(config: Config) -> list[str]:
     listen = preflight.check_listen(config.server.listen)
     if listen:
         problems.append(listen)
+    try:
+        shard_index(config)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
     return problems
+
+
+def _sharding_report(config: Config, replicas: int | None) -> dict[str, Any]:
+    """Who owns which identity with ``replicas`` replicas (the configured count by
+    default), and why HA refuses direct receivers."""
+    from watchd.sharding import assignment, owned_by
+
+    sh = config.sharding
+    n = replicas if replicas is not None else sh.replicas
+    factor = min(sh.replication_factor, n)
+    table = assignment((i.name for i in config.identities), replicas=n, factor=factor)
+    out: dict[str, Any] = {
+        "replicas": n,
+        "replication_factor": factor,
+        "owners": table,
+        "by_replica": {str(r): owned_by(table, r) for r in range(n)},
+    }
+    if replicas is not None and replicas != sh.replicas and sh.replicas > 0:
+        before = assignment(
+            (i.name for i in config.identities), replicas=sh.replicas, factor=sh.replication_factor
+        )
+        out["moved_from_configured"] = sorted(
+            name for name in table if set(table[name]) != set(before.get(name, []))
+        )
+    if factor >= 2:
+        out["ha"] = (
+            f"{factor} replicas alert for every identity: send alerts through an "
+            "Alertmanager cluster (its peers keep one notification per group); direct "
+            "webhook, Slack and PagerDuty receivers would page once per replica and are "
+            "refused unless sharding.ha_direct_receivers is allow"
+            + (" (it is)" if sh.ha_direct_receivers == "allow" else "")
+        )
+    return out
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -88,6 +127,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     secret_problems = list(resolve_secrets(config, strict=False).problems)
     run_problems = _preflight(config)
     tree = routing.describe(routing.build(config.route))
+    if args.replicas is not None and not 1 <= args.replicas <= 1000:
+        _print_problems(["--replicas: give a number from 1 to 1000"], "invalid arguments:")
+        return 2
+    shards = _sharding_report(config, args.replicas)
+    show_shards = args.replicas is not None or config.sharding.replicas > 1
     if args.json:
         print(
             json.dumps(
@@ -98,6 +142,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                     "identities": [i.name for i in config.identities],
                     "receivers": [{"name": r.name, "kind": r.kind} for r in config.receivers],
                     "route_tree": tree,
+                    "watching": config.watching,
+                    "sharding": shards,
                 },
                 indent=1,
             )
@@ -105,7 +151,26 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     else:
         verdict = "valid" if not (secret_problems or run_problems) else "parsed, with problems"
         print(f"{path}: {verdict}")
-        print(f"identities: {', '.join(i.name for i in config.identities)}")
+        if config.watching:
+            print(f"identities: {', '.join(i.name for i in config.identities)}")
+        else:
+            print("identities: none (watching: false; transport events become spans)")
+        if show_shards:
+            print(
+                f"sharding: {shards['replicas']} replicas, replication factor "
+                f"{shards['replication_factor']} (rendezvous hashing of identity names)"
+            )
+            for r, names in shards["by_replica"].items():
+                print(f"  replica {r}: {', '.join(names) or '(none)'}")
+            if "moved_from_configured" in shards:
+                moved = shards["moved_from_configured"]
+                print(
+                    f"  from {config.sharding.replicas} to {shards['replicas']} replicas moves "
+                    f"{len(moved)} of {len(config.identities)} identities"
+                    + (f": {', '.join(moved)}" if moved else "")
+                )
+            if "ha" in shards:
+                print(f"  HA: {shards['ha']}")
         print(f"receivers: {', '.join(f'{r.name} ({r.kind})' for r in config.receivers)}")
         print("route tree:")
         for line in tree:
@@ -325,6 +390,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser(
         "check-config", help="validate config and secrets; print routes", parents=common
+    )
+    check.add_argument(
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="print which replicas would own each identity with N replicas "
+        "(default: sharding.replicas)",
     )
     check.set_defaults(func=cmd_check_config)
 

@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from watchd import secrets
+from watchd import secrets, sharding
 from watchd.matchers import MatcherError, parse_matcher
 
 DEFAULT_CONFIG_PATH = "/etc/watchd/watchd.yaml"
@@ -221,8 +221,24 @@ class SlackReceiver(Strict):
 
 
 class AlertmanagerReceiver(Strict):
-    url: HttpUrl
+    # One Alertmanager, or every peer of an Alertmanager cluster in `urls`: like
+    # Prometheus, watchd sends each alert to every peer (never through a load balancer);
+    # the peers' gossip keeps one notification per group.
+    url: HttpUrl | None = None
+    urls: list[HttpUrl] = Field(default_factory=list)
     timeout: Timeout = 10.0
+
+    @model_validator(mode="after")
+    def _one_target(self) -> AlertmanagerReceiver:
+        if (self.url is None) == (not self.urls):
+            raise ValueError("give exactly one of url (one Alertmanager) or urls (its peers)")
+        if len(set(self.urls)) != len(self.urls):
+            raise ValueError("urls: each Alertmanager peer once")
+        return self
+
+    @property
+    def targets(self) -> list[str]:
+        return [self.url] if self.url is not None else list(self.urls)
 
 
 class ConsoleReceiver(Strict):
@@ -540,8 +556,61 @@ class HeartbeatConfig(Strict):
         return self
 
 
+class ShardingConfig(Strict):
+    """Many replicas (docs/kubernetes.md, docs/scaling.md): each owns the identities that
+    rendezvous hashing gives it; ``replication_factor`` replicas own each identity."""
+
+    # One replica owns everything: the single-process default.
+    replicas: Annotated[int, Field(ge=1, le=1000)] = 1
+    # This replica's number, 0 … replicas-1. Or read it from the pod (index_from).
+    index: Annotated[int, Field(ge=0)] | None = None
+    # hostname: a StatefulSet pod's hostname ends in its ordinal (watchd-2);
+    # pod_name: the POD_NAME environment variable (the Downward API's metadata.name).
+    index_from: Literal["hostname", "pod_name"] | None = None
+    # Replicas per identity: 1 shards, 2 makes HA pairs (both alert, through an
+    # Alertmanager cluster that deduplicates).
+    replication_factor: Annotated[int, Field(ge=1)] = 1
+    # With replication_factor ≥ 2 every owner notifies: webhook, Slack and PagerDuty
+    # receivers would page once per replica, so they are refused unless allowed here.
+    ha_direct_receivers: Literal["deny", "allow"] = "deny"
+
+    @property
+    def ha(self) -> bool:
+        return self.replication_factor >= 2
+
+    @property
+    def everyone_owns_all(self) -> bool:
+        return self.replication_factor == self.replicas
+
+    @model_validator(mode="after")
+    def _shape(self) -> ShardingConfig:
+        if self.replication_factor > self.replicas:
+            raise ValueError(
+                f"replication_factor ({self.replication_factor}) cannot exceed "
+                f"replicas ({self.replicas})"
+            )
+        if self.index is not None and self.index_from is not None:
+            raise ValueError("give index or index_from, not both")
+        if self.index is not None and self.index >= self.replicas:
+            raise ValueError(
+                f"index {self.index} is out of range for replicas {self.replicas} "
+                f"(0 … {self.replicas - 1})"
+            )
+        if self.index is None and self.index_from is None and not self.everyone_owns_all:
+            raise ValueError(
+                "this replica's number is needed when replicas own different identities: "
+                "give index, or index_from: hostname (a StatefulSet) or pod_name (POD_NAME)"
+            )
+        return self
+
+
 class Config(Strict):
-    identities: list[IdentityConfig]
+    # Empty only with watching: false (a spans-only sidecar).
+    identities: list[IdentityConfig] = Field(default_factory=list)
+    # false: no Coder identity is watched; the daemon only converts transport events to
+    # spans (a sidecar beside an agent while a central watchd does the watching).
+    watching: bool = True
+    sharding: ShardingConfig = Field(default_factory=ShardingConfig)
     budgets: Budgets = Field(default_factory=Budgets)
     # The stream drops events (NOTIFY is best-effort): a full listing every minute bounds
     # how long a lost transition stays unseen.
@@ -572,8 +641,13 @@ class Config(Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"identity names must be unique: {', '.join(dupes)}")
-        if not self.identities:
-            raise ValueError("at least one identity is required")
+        if not self.identities and self.watching:
+            raise ValueError(
+                "identities: at least one identity is required "
+                "(or watching: false for a spans-only sidecar)"
+            )
+        if self.identities and not self.watching:
+            raise ValueError("identities: watching is false, so no identity would be watched")
         receivers = [r.name for r in self.receivers]
         rdupes = sorted({n for n in receivers if receivers.count(n) > 1})
         if rdupes:
@@ -584,7 +658,45 @@ class Config(Strict):
         unknown = sorted(set(self.heartbeat.receivers) - set(receivers))
         if unknown:
             raise ValueError(f"heartbeat.receivers: no receiver named {', '.join(unknown)}")
+        self._check_ha()
         return self
+
+    def _check_ha(self) -> None:
+        sh = self.sharding
+        if not sh.ha or sh.ha_direct_receivers == "allow":
+            return
+        # Receivers alerts are routed to. One used only by `heartbeat` gets each replica's
+        # own Watchdog, which is meant to come from every replica.
+        routed = set(_route_receivers(self.route))
+        for i, r in enumerate(self.receivers):
+            if r.kind in DIRECT_KINDS and r.name in routed:
+                raise ValueError(
+                    f"receivers.{i}.{r.kind}: receiver {r.name!r} would page once per replica: "
+                    f"sharding.replication_factor is {sh.replication_factor}, so "
+                    f"{sh.replication_factor} replicas alert for every identity. Send alerts "
+                    "to an Alertmanager cluster (an alertmanager receiver), which keeps one "
+                    "notification per group across its peers, or set "
+                    "sharding.ha_direct_receivers: allow (PagerDuty merges by dedup_key; "
+                    "Slack and webhooks do not)"
+                )
+
+    def owned_identities(self, index: int) -> list[IdentityConfig]:
+        """The identities replica ``index`` watches (all of them with one replica)."""
+        sh = self.sharding
+        if sh.everyone_owns_all:
+            return list(self.identities)
+        return [
+            i
+            for i in self.identities
+            if index in sharding.owners(i.name, replicas=sh.replicas, factor=sh.replication_factor)
+        ]
+
+    def identity_owners(self) -> dict[str, list[int]]:
+        """identity → the replicas that own it."""
+        sh = self.sharding
+        return sharding.assignment(
+            (i.name for i in self.identities), replicas=sh.replicas, factor=sh.replication_factor
+        )
 
     def _check_route(self, route: RouteConfig, known: set[str], path: str) -> None:
         if route.receiver is not None and route.receiver not in known:
@@ -603,6 +715,63 @@ class Config(Strict):
 
     def budgets_for(self, identity: IdentityConfig) -> Budgets:
         return identity.budgets or self.budgets
+
+
+def _route_receivers(route: RouteConfig) -> list[str]:
+    out = [route.receiver] if route.receiver else []
+    for child in route.routes:
+        out += _route_receivers(child)
+    return out
+
+
+# Receivers that notify people directly (no deduplication across senders).
+DIRECT_KINDS = ("webhook", "slack", "pagerduty")
+
+
+def shard_index(
+    config: Config, *, env: dict[str, str] | None = None, hostname: str | None = None
+) -> int:
+    """This replica's number: ``sharding.index``, or the ordinal of the pod's hostname
+    or ``POD_NAME``. Raises ConfigError naming ``sharding.index_from``."""
+    import os
+    import socket
+
+    sh = config.sharding
+    if sh.index is not None:
+        return sh.index
+    if sh.index_from is None:
+        return 0  # every replica owns every identity; the number is only a label
+    if sh.index_from == "hostname":
+        name = hostname if hostname is not None else socket.gethostname()
+        where = f"the hostname {name!r}"
+    else:
+        source = env if env is not None else dict(os.environ)
+        name = source.get("POD_NAME", "")
+        if not name:
+            raise ConfigError(
+                [
+                    "sharding.index_from: pod_name, but POD_NAME is not set (map it from "
+                    "the Downward API: fieldRef metadata.name)"
+                ]
+            )
+        where = f"POD_NAME {name!r}"
+    n = sharding.ordinal(name)
+    if n is None:
+        raise ConfigError(
+            [
+                f"sharding.index_from: {where} does not end in a pod ordinal "
+                "(-0, -1, …, as a StatefulSet's pods do)"
+            ]
+        )
+    if n >= sh.replicas:
+        raise ConfigError(
+            [
+                f"sharding.index_from: {where} gives replica {n}, but sharding.replicas "
+                f"is {sh.replicas} (0 … {sh.replicas - 1}): scale the StatefulSet and "
+                "sharding.replicas together"
+            ]
+        )
+    return n
 
 
 _ROUTE_FLOORS = (

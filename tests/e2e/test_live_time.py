@@ -46,5 +46,5 @@ async def test_status_time_in_status_moves_and_resolves_explain(
     assert done[left]["summary"].startswith('Chat "turn that ends" was running for ')
     assert done[left]["summary"].endswith("; resolved: left running for waiting")
     assert done[left]["resolved_reason"] == "left running for waiting"
-    # Archive publishes `deleted` with archived=true (as coderd does).
+    # Archiving publishes `deleted` with `archived: true` (as coderd does): archived, not gone.
     assert done[archived]["summary"].endswith("; resolved: chat archived")

@@ -312,7 +312,7 @@ def prepare(
         assert m is not None and m.kind == "secret", f"{path} is on no Secret volume"
         values.setdefault(m.name, {})[Path(path).name] = value + "\n"
 
-    for ident, token in zip(cfg["identities"], tokens, strict=False):
+    for ident, token in zip(cfg.get("identities", []), tokens, strict=False):
         ident["url"] = url
         secret_value(ident["token_file"], token)
     for r in cfg.get("receivers", []):

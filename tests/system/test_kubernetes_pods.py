@@ -122,7 +122,9 @@ async def _run_pod(
     return result
 
 
-@pytest.mark.parametrize("name", ["sidecar.yaml", "deployment.yaml"])
+@pytest.mark.parametrize(
+    "name", ["sidecar.yaml", "deployment.yaml", "sidecar-ha.yaml", "sidecar-spans.yaml"]
+)
 async def test_pod_reads_its_mounts_starts_and_stops(
     name: str, pod_root: Path, sim: SimProcess, tmp_path: Path
 ) -> None:

@@ -59,3 +59,93 @@ def test_example_config_reports_each_missing_secret_by_path() -> None:
     assert any("/run/secrets/pd" in p for p in problems)
     assert any("/run/secrets/slack" in p for p in problems)
     assert any("team-b" in p and "CREDENTIALS_DIRECTORY" in p for p in problems)
+
+
+def _sharded(tmp_path: Path, **sharding: object) -> Path:
+    token = tmp_path / "token"
+    token.write_text("secret-token-value-123")
+    token.chmod(0o600)
+    cfg = tmp_path / "watchd.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "identities": [
+                    {
+                        "name": f"id-{i}",
+                        "url": "https://coder.example.com",
+                        "token_file": str(token),
+                    }
+                    for i in range(9)
+                ],
+                "sharding": sharding,
+                "receivers": [{"name": "hook", "webhook": {"url": "http://127.0.0.1:9/x"}}],
+                "route": {"receiver": "hook"},
+                "state_dir": str(tmp_path / "state"),
+            }
+        )
+    )
+    return cfg
+
+
+def test_check_config_prints_the_shard_assignment_for_n_replicas(tmp_path: Path) -> None:
+    """--replicas N prints which replica owns each identity and what moves from the
+    configured count; the token never appears."""
+    from watchd.sharding import assignment, owned_by
+
+    cfg = _sharded(tmp_path, replicas=3, index=0)
+    r = subprocess.run(
+        [sys.executable, "-m", "watchd", "check-config", "-c", str(cfg), "--replicas", "4"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    table = assignment([f"id-{i}" for i in range(9)], replicas=4)
+    for rep in range(4):
+        names = ", ".join(owned_by(table, rep)) or "(none)"
+        assert f"  replica {rep}: {names}" in r.stdout
+    assert "from 3 to 4 replicas moves" in r.stdout
+    assert "secret-token-value-123" not in r.stdout + r.stderr
+
+
+def test_check_config_explains_why_ha_refuses_a_webhook(tmp_path: Path) -> None:
+    """Replication factor 2 with a webhook receiver exits 2 naming the receiver, why it
+    would double-page, and the two ways out."""
+    r = run(_sharded(tmp_path, replicas=2, replication_factor=2))
+    assert r.returncode == 2
+    assert "receivers.0.webhook: receiver 'hook' would page once per replica" in r.stderr
+    assert "Alertmanager cluster" in r.stderr and "ha_direct_receivers: allow" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_run_without_a_readable_pod_ordinal_exits_2_naming_the_field(tmp_path: Path) -> None:
+    """index_from: pod_name with a POD_NAME that has no ordinal: `run` exits 2 with one line
+    naming sharding.index_from (no traceback), and check-config says run would fail."""
+    import os
+
+    cfg = _sharded(tmp_path, replicas=3, index_from="pod_name")
+    env = {**os.environ, "POD_NAME": "billing-agent-7d9f-abcde"}
+    r = subprocess.run(
+        [sys.executable, "-m", "watchd", "run", "-c", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert r.returncode == 2
+    assert "watchd: cannot start: sharding.index_from: POD_NAME 'billing-agent-7d9f-abcde'" in (
+        r.stderr
+    )
+    assert "Traceback" not in r.stderr
+    check = subprocess.run(
+        [sys.executable, "-m", "watchd", "check-config", "-c", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert check.returncode == 2 and "`watchd run` would fail:" in check.stderr
+    assert "does not end in a pod ordinal" in check.stderr

@@ -42,7 +42,7 @@ def test_every_option_in_readme_is_accepted(row: str) -> None:
         argv.append("console")
     if command == "silence":
         argv.append("list")
-    values = {"S": "1", "H:P": "127.0.0.1:1", "NAME": "demo", "A-E": "E"}
+    values = {"S": "1", "H:P": "127.0.0.1:1", "NAME": "demo", "A-E": "E", "N": "3"}
     for i, w in enumerate(words):
         if w.startswith("-"):
             argv.append(w)

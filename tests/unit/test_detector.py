@@ -379,6 +379,24 @@ async def test_fingerprint_is_deterministic() -> None:
     assert prints[0] == prints[1]
 
 
+async def test_replicas_with_different_clock_estimates_agree_on_fingerprint_and_start() -> None:
+    """Replicas whose server-clock estimates differ (a stamp ahead of one of them) compute
+    the same fingerprint, labels and startsAt: both come from the server's timestamp."""
+    seen = []
+    for estimate_error in (0.0, -0.9):
+        async with rig(Budgets(running=60)) as r:
+            r.clock.offset = SKEW + estimate_error
+            r.ready()
+            stamp = r.clock.now() + 0.5  # the server's stamp is ahead of this estimate
+            r.see("c1", "running", stamp - estimate_error)  # the same server time for both
+            r.advance(70)
+            await r.settle()
+            (a,) = r.sink.alerts
+            seen.append((a.fingerprint, dict(a.labels), a.starts_at))
+    assert seen[0] == seen[1]
+    assert seen[0][2] == 1_800_000_000.0 + SKEW + 0.5 + 60  # the stamp plus the budget
+
+
 async def test_restart_keeps_clock_and_does_not_refire(tmp_path: Path) -> None:
     """Clocks and firing alerts persisted in SQLite survive a restart without a second page."""
     db = StateDB(tmp_path / "state.sqlite3")
@@ -520,4 +538,19 @@ async def test_a_confirmer_that_raises_restarts_and_the_identity_still_alerts() 
         await asyncio.sleep(1.5)
         r.advance(RETRY_CONFIRM_AFTER + 1)
         await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")]
+
+
+async def test_handing_an_identity_over_forgets_its_alerts_without_resolving() -> None:
+    """Resharding: the alerts of an identity another replica now owns leave this detector
+    silently (no resolve is sent: the new owner keeps them firing)."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 100)
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")]
+        fp = r.sink.alerts[0].fingerprint
+        assert r.det.hand_over("a") == [fp]
+        assert r.det.firing == {} and r.sink.names() == [("ChatStuck", "firing")]
+        await r.det.unregister("a", reason="moved", resolve=True)
         assert r.sink.names() == [("ChatStuck", "firing")]

@@ -230,3 +230,23 @@ async def test_a_notifier_raising_anything_is_retried_and_the_group_survives(
         d.put(alert("2"))
         d.put(alert("1", resolved=True))
         assert all(g.task is not None and not g.task.done() for g in d.groups.values())
+
+
+async def test_handed_over_alerts_leave_their_groups_without_a_notification(
+    tmp_path: Path,
+) -> None:
+    """Resharding: alerts of an identity handed to another replica are dropped from their
+    groups (and from the persisted state) with no resolve sent; other alerts stay."""
+    async with dispatcher(tmp_path) as (d, rec, db):
+        d.put(alert("1"))
+        d.put(alert("2"))
+        await asyncio.sleep(0.15)
+        assert [len(n.alerts) for n in rec.sent] == [2]
+        assert d.hand_over(["fp-a-1-ChatStuck"]) == 1
+        await asyncio.sleep(0.5)
+        assert [n.status for n in rec.sent] == ["firing"]
+        assert "fp-a-1-ChatStuck" not in d.alerts
+        (group,) = d.groups.values()
+        assert list(group.alerts) == ["fp-a-2-ChatStuck"]
+        db.flush()
+        assert [b["fingerprint"] for _, _, b in db.dispatch_load()] == ["fp-a-2-ChatStuck"]

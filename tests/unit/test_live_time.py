@@ -123,3 +123,30 @@ async def test_a_repeat_notification_says_how_long_by_now(tmp_path: Path) -> Non
     assert said == ["1m19s", "5h1m"]
     await d.close(deadline=0.5)
     db.close()
+
+
+def test_a_restored_alert_keeps_counting_from_when_it_was_measured() -> None:
+    """A chat alert starts at clock start + budget (a server time) but was measured later
+    (here two hours in); restored from disk without measured_at, it still counts on from
+    clock start + measured age, not from startsAt (which would double the wait)."""
+    since = 1_800_000_000.0
+    fired = Alert(
+        fingerprint="fp2",
+        labels={"alertname": "ChatStuck", "identity": "a", "status": "running", "chat_id": "c"},
+        annotations={
+            "summary": 'Chat "late" has been running for 2h (budget 1m)',
+            "time_in_status": "2h",
+            "time_in_status_seconds": "7200",
+            "since": "2027-01-15T08:00:00Z",
+        },
+        starts_at=since + 60,
+        measured_at=since + 7200,
+    )
+    restored = Alert(
+        fingerprint=fired.fingerprint,
+        labels=fired.labels,
+        annotations=fired.annotations,
+        starts_at=fired.starts_at,
+    )
+    for a in (fired, restored):
+        assert live(a, since + 7200 + 120).annotations["time_in_status_seconds"] == "7320"

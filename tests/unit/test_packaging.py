@@ -117,12 +117,52 @@ def test_sidecar_shape() -> None:
     assert watchd["resources"]["limits"]["memory"]
 
 
-@pytest.mark.parametrize("manifest", ["sidecar.yaml", "deployment.yaml"])
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        "sidecar.yaml",
+        "deployment.yaml",
+        "statefulset.yaml",
+        "sidecar-spans.yaml",
+        "sidecar-ha.yaml",
+    ],
+)
 def test_embedded_watchd_config_is_valid(manifest: str) -> None:
     """The watchd.yaml inside each ConfigMap passes watchd's own schema."""
     docs = _docs(ROOT / "deploy" / "kubernetes" / manifest)
-    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and "watchd.yaml" in d["data"])  # type: ignore[operator]
     parse_config(yaml.safe_load(cm["data"]["watchd.yaml"]))  # type: ignore[index]
+
+
+def test_statefulset_shape_matches_its_sharding() -> None:
+    """The sharded HA StatefulSet: replicas equal sharding.replicas, a factor of 2, the pod
+    name from the Downward API, per-pod state, and only an Alertmanager cluster receiver."""
+    docs = _docs(ROOT / "deploy" / "kubernetes" / "statefulset.yaml")
+    sts = next(
+        d
+        for d in docs
+        if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "watchd"  # type: ignore[index]
+    )
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and "watchd.yaml" in d["data"])  # type: ignore[operator]
+    config = parse_config(yaml.safe_load(cm["data"]["watchd.yaml"]))  # type: ignore[index]
+    spec = sts["spec"]
+    assert spec["replicas"] == config.sharding.replicas  # type: ignore[index]
+    assert config.sharding.replication_factor == 2 and config.sharding.index_from == "pod_name"
+    (container,) = spec["template"]["spec"]["containers"]  # type: ignore[index]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert spec["volumeClaimTemplates"][0]["metadata"]["name"] == "state"  # type: ignore[index]
+    assert [r.kind for r in config.receivers] == ["alertmanager"]
+    assert len(config.receivers[0].alertmanager.targets) == 2  # type: ignore[union-attr]
+
+
+def test_spans_sidecar_watches_nothing() -> None:
+    """The spans-only sidecar has watching off, no identities, no token, an OTLP endpoint."""
+    docs = _docs(ROOT / "deploy" / "kubernetes" / "sidecar-spans.yaml")
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    config = parse_config(yaml.safe_load(cm["data"]["watchd.yaml"]))  # type: ignore[index]
+    assert not config.watching and config.identities == [] and config.telemetry.endpoint
+    assert not any(d["kind"] == "Secret" for d in docs)
 
 
 def test_building_the_package_warns_about_nothing_deprecated(tmp_path: Path) -> None:

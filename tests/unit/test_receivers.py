@@ -236,7 +236,7 @@ async def test_alertmanager_body(hook: FakeWebhook, session: aiohttp.ClientSessi
     """Alertmanager pushes omit endsAt while firing and set it on resolve."""
     am = await FakeWebhook(path="/api/v2/alerts").start()
     try:
-        n = AlertmanagerNotifier("am", url=am.url, session=session, timeout=5)
+        n = AlertmanagerNotifier("am", urls=[am.url], session=session, timeout=5)
         await n.notify(note(chat_alert(1), chat_alert(2, resolved=True)))
         firing, resolved = am.received[0]
         assert "endsAt" not in firing and resolved["endsAt"].endswith("Z")
@@ -244,3 +244,28 @@ async def test_alertmanager_body(hook: FakeWebhook, session: aiohttp.ClientSessi
         assert n.resend_every is not None and n.resend_every < 300
     finally:
         await am.stop()
+
+
+async def test_alertmanager_cluster_gets_every_alert_at_every_peer(
+    session: aiohttp.ClientSession,
+) -> None:
+    """With urls (a cluster's peers) each push goes to every peer; one peer down is still a
+    delivery; every peer down is a retryable failure."""
+    peers = [await FakeWebhook(path="/api/v2/alerts").start() for _ in range(2)]
+    try:
+        n = AlertmanagerNotifier("am", urls=[p.url for p in peers], session=session, timeout=5)
+        await n.notify(note(chat_alert(1)))
+        assert [len(p.received) for p in peers] == [1, 1]
+        assert peers[0].received[0] == peers[1].received[0]
+        peers[1].script.answers.append((503, "busy", {}))
+        await n.notify(note(chat_alert(2)))  # no error: peer 0 took it
+        assert [len(p.received) for p in peers] == [2, 1]
+        assert n.peer_errors[peers[1].url + "/api/v2/alerts"]
+        for p in peers:
+            p.script.answers.append((503, "busy", {}))
+        with pytest.raises(NotifyError) as err:
+            await n.notify(note(chat_alert(3)))
+        assert err.value.retryable and "every peer failed" in str(err.value)
+    finally:
+        for p in peers:
+            await p.stop()

@@ -249,3 +249,15 @@ def test_a_confirmation_read_is_authoritative() -> None:
     assert s.observe("a", chat("c1", "waiting", T), now=T + 20, via="listing") is None
     change = s.observe("a", chat("c1", "waiting", T), now=T + 20, via="confirm")
     assert change is not None and change.kind == "transition"
+
+
+def test_a_clock_start_slightly_ahead_of_the_estimate_is_kept_as_the_server_said() -> None:
+    """A stamp a second ahead of this replica's server-clock estimate stays the clock start
+    (not clamped to the estimate, which differs between replicas), new or transition."""
+    s = ChatStore()
+    s.observe("a", chat("c1", "running", T + 0.8), now=T, via="listing")
+    rec = s.get("a", "c1")
+    assert rec is not None and rec.since == T + 0.8
+    s.observe("a", chat("c1", "waiting", T + 2.3), now=T + 1, via="watch", kind="status_change")
+    rec = s.get("a", "c1")
+    assert rec is not None and rec.since == T + 2.3

@@ -322,6 +322,24 @@ class Dispatcher:
             if not any(fp in g.alerts for g in self.groups.values()):
                 self.alerts.pop(fp, None)
 
+    def hand_over(self, fingerprints: Iterable[str]) -> int:
+        """Drop these alerts from every group without a notification: another replica
+        now owns their identity and notifies for them (resharding). Returns how many
+        group entries were dropped."""
+        fps = set(fingerprints)
+        n = 0
+        for group in self.groups.values():
+            gone = [fp for fp in group.alerts if fp in fps]
+            for fp in gone:
+                del group.alerts[fp]
+            if gone:
+                n += len(gone)
+                self.db.dispatch_delete(group.route.receiver, group.key, gone)
+                group.dirty.set()
+        for fp in fps:
+            self.alerts.pop(fp, None)
+        return n
+
     def reconfigure(
         self, *, route: Route, notifiers: dict[str, Notifier], inhibitor: Inhibitor
     ) -> None:

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Protocol, TextIO
 
 from watchd.config import format_duration
@@ -24,6 +25,10 @@ class Alert:
     annotations: Mapping[str, str] = field(default_factory=dict)
     starts_at: float = 0.0
     ends_at: float | None = None
+    # Host time the annotations' time in status was measured (None: at starts_at). Chat
+    # alerts start at a server time (clock start + budget, the same on every replica);
+    # their age moves on from when this daemon measured it, so skew never enters.
+    measured_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -61,7 +66,23 @@ def _age_at(alert: Alert, at: float) -> float | None:
         fired_age = float(base)
     except ValueError:
         return None
-    return fired_age + max(0.0, at - alert.starts_at)
+    anchor = alert.measured_at
+    if anchor is None:
+        anchor = _measured_from_annotations(alert, fired_age)
+    return fired_age + max(0.0, at - anchor)
+
+
+def _measured_from_annotations(alert: Alert, fired_age: float) -> float:
+    """When an alert restored from disk (which keeps no ``measured_at``) was measured:
+    its clock start plus the age it had then. Without a clock start (IdentityUnhealthy,
+    QuotaLow: their ``starts_at`` is the host time they fired) it is ``starts_at``."""
+    since = alert.annotations.get("since")
+    if not since:
+        return alert.starts_at
+    try:
+        return datetime.fromisoformat(since).timestamp() + fired_age
+    except ValueError:
+        return alert.starts_at
 
 
 def live(alert: Alert, now: float) -> Alert:

@@ -103,8 +103,10 @@ class Transport:
         server_clock: ServerClock | None = None,
         limiter: RateLimiter | None = None,
         timeout: float = 30.0,
+        user_agent: str = USER_AGENT,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.user_agent = user_agent
         self._token = token
         self._session = session
         self.identity = identity
@@ -127,7 +129,7 @@ class Transport:
         return {
             "Coder-Session-Token": self._token,
             "Accept": "application/json",
-            "User-Agent": USER_AGENT,
+            "User-Agent": self.user_agent,
         }
 
     def _emit(self, event: dict[str, Any]) -> None:

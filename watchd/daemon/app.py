@@ -37,7 +37,7 @@ from watchd.alerting.silencing import (
 from watchd.clock import ServerClock
 from watchd.coder.client import CoderClient
 from watchd.coder.models import Chat
-from watchd.coder.transport import RateLimiter, Transport
+from watchd.coder.transport import USER_AGENT, RateLimiter, Transport
 from watchd.config import (
     Config,
     ConfigError,
@@ -45,6 +45,7 @@ from watchd.config import (
     ResolvedSecrets,
     load_config,
     resolve_secrets,
+    shard_index,
 )
 from watchd.daemon import reloading
 from watchd.daemon.heartbeat import Heartbeat
@@ -172,6 +173,12 @@ class Daemon:
         self.reloads = {"applied": 0, "rejected": 0}
         self.config = config
         self.secrets = secrets
+        # Which identities this replica watches (sharding; all of them by default). A
+        # replica number that cannot be read is a config problem `run` reports first.
+        try:
+            self.shard_index = shard_index(config)
+        except ConfigError as exc:
+            raise StartupError("; ".join(exc.problems)) from None
         self.version = __version__
         self.started = time.monotonic()
         self.last_beat = time.monotonic()
@@ -325,7 +332,16 @@ class Daemon:
                 )
                 self.file_sources.append(source)
                 sup.spawn(f"file-source:{i}", source.run, group="watchers", restart=True)
-            for ident in self.config.identities:
+            owned = self.owned()
+            log.info(
+                "sharding.owned",
+                replica=self.shard_index,
+                replicas=self.config.sharding.replicas,
+                replication_factor=self.config.sharding.replication_factor,
+                identities=[i.name for i in owned],
+                others=len(self.config.identities) - len(owned),
+            )
+            for ident in owned:
                 self.add_identity(ident)
             stopper = asyncio.create_task(stop.wait())
             ended = asyncio.create_task(sup.root_ended.wait())
@@ -339,6 +355,18 @@ class Daemon:
             return code
         finally:
             await self.shutdown()
+
+    def owned(self, config: Config | None = None) -> list[IdentityConfig]:
+        """The identities this replica watches under ``config`` (the current one)."""
+        return (config or self.config).owned_identities(self.shard_index)
+
+    def user_agent(self) -> str:
+        """The Coder-facing User-Agent; with replicas it names this one, so Coder's logs
+        (and the simulator's request log) say which replica asked."""
+        sh = self.config.sharding
+        if sh.replicas == 1:
+            return USER_AGENT
+        return f"{USER_AGENT} replica/{self.shard_index}-of-{sh.replicas}"
 
     def settled(self) -> bool:
         """Every identity's first seed attempt has ended, seeded or not (READY=1, /readyz).
@@ -409,6 +437,7 @@ class Daemon:
                 raise ConfigError(["no configuration file to reload from"])
             config = load_config(path)
             secrets = resolve_secrets(config)
+            index = shard_index(config)
         except ConfigError as exc:
             self.reloads["rejected"] += 1
             log.error(
@@ -440,8 +469,11 @@ class Daemon:
         self.detector.listing_threshold = d.confirm_listing_threshold
         self.detector.chat_failed = d.chat_failed
         self.detector.link_template = config.chat_link_template
-        old = {i.name: i for i in self.config.identities}
-        new = {i.name: i for i in config.identities}
+        # Only owned identities run here: a resharding reload starts and stops watchers
+        # like an edit of the identity list would.
+        old = {i.name: i for i in self.owned()}
+        self.shard_index = index
+        new = {i.name: i for i in self.owned(config)}
         removed = sorted(old.keys() - new.keys())
         added = sorted(new.keys() - old.keys())
         changed = sorted(
@@ -452,8 +484,12 @@ class Daemon:
             or self.secrets.tokens[n].get_secret_value() != secrets.tokens[n].get_secret_value()
         )
         self.config, self.secrets = config, secrets
+        still_configured = {i.name for i in config.identities}
         for name in removed:
-            await self.remove_identity(name, forget=True)
+            # Owned by another replica now (resharding): it keeps the alerts firing under
+            # the same fingerprints, so they are handed over, not resolved.
+            handed = name in still_configured
+            await self.remove_identity(name, forget=True, hand_over=handed)
             self.metrics.identity_removed(name)
         for name in changed:
             # Same deployment: keep the chats' clocks and firing alerts; only restart.
@@ -533,11 +569,18 @@ class Daemon:
                 self.sweeper.recent.extend(old.recent)
             self.supervisor.spawn("sweep", self.sweeper.run, group="watchers", restart=True)
 
-    async def remove_identity(self, name: str, *, forget: bool) -> None:
+    async def remove_identity(self, name: str, *, forget: bool, hand_over: bool = False) -> None:
         await self.supervisor.stop(f"watch:{name}")
         await self.supervisor.stop(f"reconcile:{name}")
         await self.supervisor.stop(f"quota:{name}")
-        await self.detector.unregister(name, reason="identity removed from config", resolve=forget)
+        await self.detector.unregister(
+            name, reason="identity removed from config", resolve=forget and not hand_over
+        )
+        if hand_over:
+            dropped = self.detector.hand_over(name)
+            if self.dispatcher is not None:
+                self.dispatcher.hand_over(dropped)
+            log.info("sharding.handed_over", identity=name, alerts=len(dropped))
         self.health.pop(name, None)
         self.watchers.pop(name, None)
         if forget:
@@ -567,6 +610,7 @@ class Daemon:
             limiter=RateLimiter(
                 rate=ident.requests_per_minute / 60.0, burst=max(5, ident.requests_per_minute // 10)
             ),
+            user_agent=self.user_agent(),
         )
         client = CoderClient(transport, page_size=ident.page_size)
         watcher = IdentityWatcher(

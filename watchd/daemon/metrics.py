@@ -144,6 +144,7 @@ class _Live(Collector):
             },
         )
         yield info
+        yield from self._sharding()
         ident = list(d.health.items())
         names = [n for n, _ in ident]
 
@@ -300,6 +301,33 @@ class _Live(Collector):
             yield sweep
         yield from self._telemetry()
         yield from self._dispatch()
+
+    def _sharding(self) -> Iterator[Metric]:
+        d = self.d
+        sh = d.config.sharding
+        shard = InfoMetricFamily("watchd_shard", "This replica's place among its peers.")
+        shard.add_metric(
+            [],
+            {
+                "replica": str(d.shard_index),
+                "replicas": str(sh.replicas),
+                "replication_factor": str(sh.replication_factor),
+            },
+        )
+        yield shard
+        owned = _gauge("watchd_identities_owned", "Identities this replica watches.")
+        owned.add_metric([], float(len(d.health)))
+        yield owned
+        # Bounded by the identities in the config times the replication factor.
+        owner = _gauge(
+            "watchd_identity_owner",
+            "1 for each (identity, replica) that owns it, as every replica computes it.",
+            ["identity", "replica"],
+        )
+        for name, reps in sorted(d.config.identity_owners().items()):
+            for r in reps:
+                owner.add_metric([name, str(r)], 1.0)
+        yield owner
 
     def _telemetry(self) -> Iterator[Metric]:
         from watchd.daemon.status import telemetry_summary

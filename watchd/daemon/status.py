@@ -217,6 +217,7 @@ async def status_document(d: Daemon, query: StatusQuery | None = None) -> dict[s
         "uptime_seconds": round(time.monotonic() - d.started, 1),
         "ready": d.ready(),
         "identities": identities,
+        "sharding": sharding_summary(d),
         "alerts": {
             "firing": [_alert_json(a, s, now) for a, s in page],
             "firing_total": c.total,
@@ -509,7 +510,7 @@ def status_html(doc: dict[str, Any]) -> str:
 <style>{_CSS}</style></head><body>
 <h1>watchd <small>v{e(doc["version"])} · up {e(format_duration(doc["uptime_seconds"]))}
  · {"ready" if doc["ready"] else "not ready"} · as of {_iso(now)}</small></h1>
-{reload_note}
+{_shard_note(doc["sharding"])}{reload_note}
 <h2>Firing alerts ({counts["active"]} active, {counts["silenced"]} silenced,
  {counts["inhibited"]} inhibited)</h2>
 {filters}{nav}
@@ -539,6 +540,33 @@ def _chat_cell(a: dict[str, Any]) -> str:
     if link.startswith(("http://", "https://")):
         return f"<a class='chat' href='{e(link)}'>{text or e(link)}</a>"
     return text
+
+
+def _shard_note(sh: dict[str, Any]) -> str:
+    """One line saying which replica this is, when there are several."""
+    if sh["replicas"] == 1:
+        return ""
+    others = len(sh["others"])
+    return (
+        f"<p>replica {sh['replica']} of {sh['replicas']} (each identity on "
+        f"{sh['replication_factor']}): watching {len(sh['owned'])} identities; "
+        f"{others} owned by other replicas (see <code>sharding</code> in the JSON)</p>\n"
+    )
+
+
+def sharding_summary(d: Daemon) -> dict[str, Any]:
+    """Which identities this replica watches and which replicas own the others."""
+    sh = d.config.sharding
+    owners = d.config.identity_owners()
+    return {
+        "replica": d.shard_index,
+        "replicas": sh.replicas,
+        "replication_factor": sh.replication_factor,
+        "watching": d.config.watching,
+        "owned": sorted(d.health),
+        "others": {name: reps for name, reps in sorted(owners.items()) if name not in d.health},
+        "owners": owners,
+    }
 
 
 def telemetry_summary(d: Daemon) -> dict[str, Any]:

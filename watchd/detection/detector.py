@@ -193,6 +193,29 @@ class Detector:
             if alert.labels.get("identity") == name:
                 self._resolve(fp, at=now, why=reason)
 
+    def hand_over(self, name: str) -> list[str]:
+        """Forget an identity's firing alerts without resolving them: another replica owns
+        the identity now (resharding) and keeps them firing under the same fingerprints.
+        Returns the fingerprints dropped."""
+        dropped = []
+        for fp, alert in list(self.firing.items()):
+            if alert.labels.get("identity") != name:
+                continue
+            del self.firing[fp]
+            chat = alert.labels.get("chat_id")
+            if chat:
+                clock = "stalled" if alert.name == "ChatStalled" else "status"
+                self._firing_clocks.pop((name, chat, clock), None)
+                fps = self._by_chat.get((name, chat))
+                if fps is not None:
+                    fps.discard(fp)
+                    if not fps:
+                        del self._by_chat[(name, chat)]
+            if self.db is not None:
+                self.db.delete_alert(fp)
+            dropped.append(fp)
+        return dropped
+
     def readiness_changed(self, name: str) -> None:
         """Called by the watcher after a seed completes or the stream is lost."""
         w = self.watched.get(name)
@@ -643,8 +666,15 @@ class Detector:
                 f"status={e.status_code if e.status_code is not None else '-'}, "
                 f"retryable={'yes' if e.retryable else 'no'})"
             )
+        # startsAt from what the server said (the clock start plus the budget: when the
+        # chat went past it), never from this replica's clock: every replica owning the
+        # identity sends the same one, as it sends the same fingerprint (docs/kubernetes.md).
         return Alert(
-            fingerprint=fp, labels=labels, annotations=annotations, starts_at=self.wall.now()
+            fingerprint=fp,
+            labels=labels,
+            annotations=annotations,
+            starts_at=since + limit,
+            measured_at=self.wall.now(),
         )
 
     def _duration(self, seconds: float) -> str:
@@ -813,7 +843,9 @@ class Detector:
                 fps.discard(fp)
                 if not fps:
                     del self._by_chat[key]
-        resolved = resolution(alert, at=at, why=why)
+        # A chat alert starts at a server time; a host clock behind the server must not
+        # end it before it started (Alertmanager refuses endsAt < startsAt).
+        resolved = resolution(alert, at=max(at, alert.starts_at), why=why)
         if self.db is not None:
             self.db.delete_alert(fp)
         self.counters["resolved"] += 1

@@ -60,6 +60,25 @@ def _error(exc: SimError) -> web.Response:
     return _json(exc.status, exc.body, exc.headers)
 
 
+def _watching(state: SimState) -> dict[str, list[str]]:
+    names = {u.id: u.username for u in state.users.values()}
+    out: dict[str, list[str]] = {}
+    for sub in state.subscribers:
+        out.setdefault(names.get(sub.user_id, sub.user_id), []).append(sub.agent)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def _request_kind(method: str, path: str, is_ws: bool) -> str:
+    """watch | list | get | other, for the per-user request log."""
+    if is_ws or path.endswith("/chats/watch"):
+        return "watch"
+    if method == "GET" and path.endswith("/chats"):
+        return "list"
+    if method == "GET" and "/chats/" in path and path.count("/") == 4:
+        return "get"
+    return "other"
+
+
 def _date(ts: float) -> str:
     return time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(ts))
 
@@ -137,6 +156,11 @@ class SimServer:
             user = self._authenticate(request)
             request[USER_KEY] = user
             is_ws = request.headers.get("Upgrade", "").lower() == "websocket"
+            state.log_request(
+                user.username,
+                kind=_request_kind(request.method, request.path, is_ws),
+                agent=request.headers.get("User-Agent", ""),
+            )
             if not is_ws:
                 if state.faults.throttle_next > 0:
                     state.faults.throttle_next -= 1
@@ -544,7 +568,7 @@ class SimServer:
         if origin and origin.split("://", 1)[-1] != request.host:
             raise SimError(403, "Origin not allowed.")
         # Subscribe before accepting: a subscribe failure is an HTTP 500, not a close.
-        sub = state.subscribe(user.id)
+        sub = state.subscribe(user.id, agent=request.headers.get("User-Agent", ""))
         ws = web.WebSocketResponse(heartbeat=state.ping_interval, autoping=True)
         ws.headers["Date"] = _date(state.now())
         try:
@@ -684,6 +708,9 @@ class SimServer:
                 "published": s.published,
                 "lost": s.lost,
                 "requests": s.requests,
+                "requests_by_user": s.requests_by_user,
+                # Open watch sockets now: username → the User-Agents holding them.
+                "watching": _watching(s),
                 "watchers": len(s.subscribers),
             },
         )

@@ -138,6 +138,7 @@ class Subscriber:
     user_id: str
     queue: asyncio.Queue[dict[str, Any] | None]
     dropped: int = 0
+    agent: str = ""  # the watching client's User-Agent
 
 
 class SimError(Exception):
@@ -192,6 +193,9 @@ class SimState:
         self.lost = 0
         self.oversize = 0
         self.requests = 0
+        # Authenticated requests by username, kind (watch | list | get | other) and
+        # User-Agent: who asked for what, e.g. which replica watches which identity.
+        self.requests_by_user: dict[str, dict[str, dict[str, int]]] = {}
         self.client_data_frames = 0
         # Indexes so listings stay linear: parent → children, root → descendants.
         self._children: dict[str, list[str]] = {}
@@ -213,6 +217,11 @@ class SimState:
     def now(self) -> float:
         """The simulated server's clock (the host's, shifted by ``clock_offset``)."""
         return time.time() + self.clock_offset
+
+    def log_request(self, username: str, *, kind: str, agent: str) -> None:
+        kinds = self.requests_by_user.setdefault(username, {})
+        agents = kinds.setdefault(kind, {})
+        agents[agent] = agents.get(agent, 0) + 1
 
     def new_id(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
@@ -518,12 +527,14 @@ class SimState:
 
     # -- watch pubsub ----------------------------------------------------------------
 
-    def subscribe(self, user_id: str) -> Subscriber:
+    def subscribe(self, user_id: str, *, agent: str = "") -> Subscriber:
         if self.faults.subscribe_fail:
             raise SimError(
                 500, "Internal error subscribing to chat events.", "pubsub: connection refused"
             )
-        sub = Subscriber(user_id=user_id, queue=asyncio.Queue(maxsize=self.subscriber_buffer))
+        sub = Subscriber(
+            user_id=user_id, queue=asyncio.Queue(maxsize=self.subscriber_buffer), agent=agent
+        )
         self.subscribers.add(sub)
         return sub
 

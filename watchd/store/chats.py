@@ -186,9 +186,8 @@ class ChatStore:
                 clock = CLOCK_TRANSITION
             else:
                 clock = CLOCK_LOWER_BOUND
-            since = chat.updated_at if chat.updated_at is not None else now
             rec = self._record(
-                identity, chat, since=min(since, now), clock=clock, now=now, version=1
+                identity, chat, since=_clock_start(chat, now), clock=clock, now=now, version=1
             )
             recs[chat.id] = rec
             self._count += 1
@@ -199,11 +198,10 @@ class ChatStore:
             else:
                 clock = CLOCK_SYNTHESIZED
                 self.synthesized += 1
-            since = chat.updated_at if chat.updated_at is not None else now
             rec = self._record(
                 identity,
                 chat,
-                since=min(since, now),
+                since=_clock_start(chat, now),
                 clock=clock,
                 now=now,
                 version=old.version + 1,
@@ -383,6 +381,20 @@ class ChatStore:
             context_error=chat.context_error,
             warnings=chat.warnings,
         )
+
+
+def _clock_start(chat: Chat, now: float) -> float:
+    """The clock start as the server stated it: ``updated_at`` (already sane); only a
+    payload without one falls back to our estimate (``created_at`` would overstate the
+    time in status: the chat may have entered it long after it was created).
+
+    Never clamped to this replica's server-clock estimate: that estimate differs between
+    replicas (and restarts) by up to a second of Date-header resolution, and the clock
+    start feeds the fingerprint and ``startsAt`` — replicas owning one identity must
+    compute the same ones (docs/kubernetes.md). A start slightly ahead of our estimate
+    only means the timer arms a moment later.
+    """
+    return chat.updated_at if chat.updated_at is not None else now
 
 
 def _details(c: Chat | ChatRecord) -> tuple[str, str, str, tuple[str, ...]]:

@@ -55,7 +55,10 @@ def build_one(
         )
     if r.alertmanager is not None:
         return AlertmanagerNotifier(
-            r.name, url=r.alertmanager.url, session=session, timeout=r.alertmanager.timeout
+            r.name,
+            urls=r.alertmanager.targets,
+            session=session,
+            timeout=r.alertmanager.timeout,
         )
     raise AssertionError("validated: one kind per receiver")
 

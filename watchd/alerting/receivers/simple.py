@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import sys
@@ -12,6 +13,7 @@ import aiohttp
 from watchd.alerting.model import Alert, ConsoleSink
 from watchd.alerting.receivers.base import (
     Notification,
+    NotifyError,
     Rate,
     classify_http,
     dumps,
@@ -124,6 +126,11 @@ class AlertmanagerNotifier:
     Alertmanager resolves a pushed alert by itself after ``resolve_timeout``
     (5 min by default) unless it is pushed again, so firing alerts are re-sent
     every minute; resolves carry ``endsAt``.
+
+    With several ``urls`` (the peers of one Alertmanager cluster) every alert goes to
+    every peer, as Prometheus sends them: peers do not share alerts, only silences and
+    the notification log. One peer accepting is a delivery (its cluster notifies once);
+    only all of them failing is a failure.
     """
 
     kind = "alertmanager"
@@ -131,10 +138,18 @@ class AlertmanagerNotifier:
     resend_every: float | None = 60.0
 
     def __init__(
-        self, name: str, *, url: str, session: aiohttp.ClientSession, timeout: float
+        self,
+        name: str,
+        *,
+        urls: list[str],
+        session: aiohttp.ClientSession,
+        timeout: float,
     ) -> None:
         self.name = name
-        self.url = url.rstrip("/") + "/api/v2/alerts"
+        self.urls = [u.rstrip("/") + "/api/v2/alerts" for u in urls]
+        self.url = self.urls[0]
+        # Per peer: the last error, "" when its last push was accepted.
+        self.peer_errors: dict[str, str] = {}
         self.session = session
         self.timeout = timeout
         self.rate = Rate(per_second=20.0, burst=20)
@@ -152,7 +167,36 @@ class AlertmanagerNotifier:
                 item["endsAt"] = rfc3339(a.ends_at)
             body.append(item)
         who = f"alertmanager receiver {self.name!r}"
-        answer = await post(
-            self.session, self.url, body=dumps(body), headers={}, deadline=self.timeout, who=who
+        data = dumps(body)
+        if len(self.urls) == 1:
+            answer = await post(
+                self.session, self.url, body=data, headers={}, deadline=self.timeout, who=who
+            )
+            classify_http(answer, who=who)
+            return
+        results = await asyncio.gather(
+            *(self._push(url, data=data, who=f"{who} peer {i}") for i, url in enumerate(self.urls)),
+            return_exceptions=True,
         )
-        classify_http(answer, who=who)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if len(errors) < len(results):
+            return  # at least one peer has it: the cluster notifies once
+        notify_errors = [e for e in errors if isinstance(e, NotifyError)]
+        if len(notify_errors) < len(errors):
+            raise next(e for e in errors if not isinstance(e, NotifyError))
+        retryable = any(e.retryable for e in notify_errors)
+        raise NotifyError(
+            f"{who}: every peer failed: " + "; ".join(str(e) for e in notify_errors),
+            retryable=retryable,
+        )
+
+    async def _push(self, url: str, *, data: bytes, who: str) -> None:
+        try:
+            answer = await post(
+                self.session, url, body=data, headers={}, deadline=self.timeout, who=who
+            )
+            classify_http(answer, who=who)
+        except NotifyError as exc:
+            self.peer_errors[url] = str(exc)
+            raise
+        self.peer_errors[url] = ""
