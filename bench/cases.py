@@ -61,25 +61,11 @@ def throughput(identities: int, per_socket: int) -> list[Row]:
         d.stop()
         # Baseline: the same frames into a consumer that only decodes them.
         tokens = [i["token"] for i in sim.identities]
-        bare = subprocess.Popen(
+        bwall, bcpu = _consume(
             [sys.executable, "-m", "bench.bare_consumer", sim.url, str(total), *tokens],
-            stdout=subprocess.PIPE,
-            text=True,
+            sim,
+            per_socket,
         )
-        assert bare.stdout is not None
-        assert bare.stdout.readline().strip() == "ready"
-        from bench.procs import cpu_seconds
-
-        bcpu0 = cpu_seconds(bare.pid)
-        t1 = time.monotonic()
-        threading.Thread(
-            target=sim.admin, args=("POST", "/firehose", {"count": per_socket, "chats": 100})
-        ).start()
-        bare.stdout.readline()
-        bwall = time.monotonic() - t1
-        bcpu = cpu_seconds(bare.pid) - bcpu0
-        bare.wait(30)
-        bare.stdout.close()
         peer = _node_peer(sim, total, tokens, per_socket)
     finally:
         sim.stop()
@@ -139,18 +125,22 @@ def _node_peer(
     import shutil
     from pathlib import Path
 
-    from bench.procs import cpu_seconds
-
     here = Path(__file__).parent / "node"
     node = shutil.which("node")
     if node is None or not (here / "node_modules" / "ws").exists():
         print("    (no Node.js peer: node or bench/node/node_modules/ws missing)", flush=True)
         return None
-    proc = subprocess.Popen(
-        [node, str(here / "consumer.mjs"), sim.url, str(total), *tokens],
-        stdout=subprocess.PIPE,
-        text=True,
+    return _consume(
+        [node, str(here / "consumer.mjs"), sim.url, str(total), *tokens], sim, per_socket
     )
+
+
+def _consume(argv: list[str], sim: Sim, per_socket: int) -> tuple[float, float]:
+    """(wall, cpu-seconds) for one firehose into a consumer process that prints "ready"
+    once its sockets are open and "done …" when it has read every frame."""
+    from bench.procs import cpu_seconds
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     cpu0 = cpu_seconds(proc.pid)
