@@ -2,7 +2,9 @@
 
 Measures the /status JSON document (size, build time, the longest the event loop went
 without a turn while building it), the HTML page (size) and Chromium's time to load and
-render it, against an empty page loaded the same way (the baseline).
+render it, against an empty page loaded the same way (the baseline); and /healthz p99 over
+the daemon's own HTTP server while /status is requested back to back, against /healthz
+from the same server with no render (issue 18's target: < 50 ms).
 """
 
 from __future__ import annotations
@@ -98,12 +100,33 @@ async def _status_page(n: int) -> list[Row]:
     page = status.status_html(
         await status.status_document(d, status.StatusQuery(limit=status.HTML_PAGE))
     )
+    healthz = await _healthz_during_renders(d)
     d.db.close()
     rows = [
         row(f"status JSON at {n} alerts: size", len(body) / 1e6, "MB", target="paginated"),
         row(f"status JSON at {n} alerts: build", built * 1000, "ms"),
         row(f"status JSON at {n} alerts: longest loop stall", max(gaps) * 1000, "ms"),
         row(f"status HTML at {n} alerts: size", len(page.encode()) / 1e6, "MB", target="≤ 1"),
+        row(
+            f"/healthz p99 during {n}-alert /status renders",
+            _p99(healthz["busy"]) * 1000,
+            "ms",
+            baseline=_p99(healthz["quiet"]) * 1000,
+            baseline_name="/healthz p99, same server, no render",
+            target="< 50 ms",
+        ),
+        row(
+            f"/healthz max during {n}-alert /status renders",
+            max(healthz["busy"]) * 1000,
+            "ms",
+            baseline=max(healthz["quiet"]) * 1000,
+            baseline_name="/healthz max, same server, no render",
+        ),
+        row(
+            f"/status request at {n} alerts, median (JSON and HTML, over HTTP)",
+            sorted(healthz["renders"])[len(healthz["renders"]) // 2] * 1000,
+            "ms",
+        ),
     ]
     chromium = shutil.which("chromium")
     if chromium:
@@ -123,6 +146,76 @@ async def _status_page(n: int) -> list[Row]:
             )
         )
     return rows
+
+
+# Runs in a separate process, so its threads never compete with the daemon's loop for the
+# GIL: /healthz probed every 5 ms, first with nothing else happening (the baseline), then
+# while another thread requests /status (JSON and HTML alternately) back to back.
+_PROBE = r"""
+import json, sys, threading, time, urllib.request
+base, renders = sys.argv[1], int(sys.argv[2])
+def get(path):
+    t = time.perf_counter()
+    with urllib.request.urlopen(base + path, timeout=120) as r:
+        r.read()
+    return time.perf_counter() - t
+quiet = []
+for _ in range(200):
+    quiet.append(get("/healthz"))
+    time.sleep(0.005)
+done = threading.Event()
+took = []
+def render():
+    for k in range(renders):
+        took.append(get("/status?format=json" if k % 2 == 0 else "/status?format=html"))
+    done.set()
+threading.Thread(target=render).start()
+busy = []
+while not done.is_set():
+    busy.append(get("/healthz"))
+    time.sleep(0.005)
+print(json.dumps({"quiet": quiet, "busy": busy, "renders": took}))
+"""
+
+
+async def _healthz_during_renders(d: Any, renders: int = 10) -> dict[str, list[float]]:
+    """The daemon's own HTTP server on the in-process daemon; the probes from outside."""
+    import json
+    import sys
+
+    from watchd.daemon.server import Server
+
+    server = Server(d, listen="127.0.0.1:0")
+    bound = await server.start()
+    stop = asyncio.Event()
+
+    async def beat() -> None:  # what the daemon's heartbeat task does, so /healthz says ok
+        while not stop.is_set():
+            d.last_beat = time.monotonic()
+            await asyncio.sleep(0.5)
+
+    beating = asyncio.create_task(beat())
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _PROBE,
+            f"http://{bound}",
+            str(renders),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await proc.communicate()
+    finally:
+        stop.set()
+        await beating
+        await server.stop()
+    got: dict[str, list[float]] = json.loads(out)
+    return got
+
+
+def _p99(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[max(0, int(len(xs) * 0.99) - 1)]
 
 
 def _chromium(binary: str, page: Path, tmp: Path) -> float:
