@@ -51,16 +51,6 @@ class SecretRegistry:
                 text = text.replace(value, "[REDACTED]")
         return text
 
-    def scrub_all(self, value: object) -> object:
-        """``value`` with every string inside it scrubbed (dicts, lists, tuples)."""
-        if isinstance(value, str):
-            return self.scrub(value) if self._values else value
-        if isinstance(value, dict):
-            return {k: self.scrub_all(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self.scrub_all(v) for v in value]
-        return value
-
     def __contains__(self, text: object) -> bool:
         return isinstance(text, str) and any(v in text for v in self._values)
 

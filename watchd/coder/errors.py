@@ -45,7 +45,6 @@ class CoderError(Exception):
         method: str = "",
         path: str = "",
         retry_after: float | None = None,
-        body: Any = None,
     ) -> None:
         self.status = status
         self.message = message
@@ -53,7 +52,6 @@ class CoderError(Exception):
         self.method = method
         self.path = path
         self.retry_after = retry_after
-        self.body = body
         super().__init__(str(self))
 
     @property
@@ -142,5 +140,4 @@ def error_from_body(
         method=method,
         path=path,
         retry_after=retry_after,
-        body=body,
     )

@@ -55,12 +55,9 @@ class TaskRegistry:
             self.kinds.add(kind)
         return st
 
-    def crash_looping(self, prefix: str = "") -> list[str]:
-        return sorted(
-            n
-            for n, s in self.tasks.items()
-            if n.startswith(prefix) and s.crashes_in_a_row >= CRASH_LOOP
-        )
+    def crash_looping(self) -> list[str]:
+        """Tasks that crashed CRASH_LOOP times without a healthy interval between."""
+        return sorted(n for n, s in self.tasks.items() if s.crashes_in_a_row >= CRASH_LOOP)
 
     def up_by_kind(self) -> dict[str, int]:
         out = dict.fromkeys(self.kinds, 0)
