@@ -31,7 +31,7 @@ async def _status_page(n: int) -> list[Row]:
     from watchd.alerting.model import Alert
     from watchd.clock import ServerClock
     from watchd.config import parse_config, resolve_secrets
-    from watchd.daemon import status
+    from watchd.daemon import status, status_page
     from watchd.daemon.app import Daemon
     from watchd.detection.health import IdentityHealth
 
@@ -97,7 +97,7 @@ async def _status_page(n: int) -> list[Row]:
     built = time.perf_counter() - t0
     done = True
     await task
-    page = status.status_html(
+    page = status_page.status_html(
         await status.status_document(d, status.StatusQuery(limit=status.HTML_PAGE))
     )
     healthz = await _healthz_during_renders(d)

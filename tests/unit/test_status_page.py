@@ -16,7 +16,8 @@ from watchd.clock import ServerClock
 from watchd.config import parse_config, resolve_secrets
 from watchd.daemon import status
 from watchd.daemon.app import Daemon
-from watchd.daemon.status import StatusQuery, chart_svg, status_document, status_html
+from watchd.daemon.status import StatusQuery, status_document
+from watchd.daemon.status_page import chart_svg, status_html
 from watchd.detection.health import IdentityHealth
 from watchd.matchers import parse_matchers
 

@@ -13,10 +13,9 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import random
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,17 +26,8 @@ from watchd.alerting import routing
 from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import Alert, AlertSink, fingerprint
 from watchd.alerting.receivers.build import build_all
-from watchd.alerting.silencing import (
-    Inhibitor,
-    Silence,
-    Silencer,
-    from_config,
-    silence_from_json,
-)
-from watchd.clock import ServerClock
-from watchd.coder.client import CoderClient
-from watchd.coder.models import Chat
-from watchd.coder.transport import USER_AGENT, RateLimiter, Transport
+from watchd.alerting.silencing import Inhibitor, Silencer, from_config, silence_from_json
+from watchd.coder.transport import USER_AGENT
 from watchd.config import (
     Config,
     ConfigError,
@@ -49,18 +39,19 @@ from watchd.config import (
 )
 from watchd.daemon import reloading
 from watchd.daemon.heartbeat import Heartbeat
+from watchd.daemon.identities import Identities, plan
 from watchd.daemon.metrics import Metrics
-from watchd.daemon.notify import SdNotifier
 from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir
+from watchd.daemon.sdnotify import SdNotifier, keep_informed
 from watchd.daemon.server import Server
+from watchd.daemon.silences_api import SilenceBook, SilencesApi
 from watchd.daemon.statewatch import StateWatch
-from watchd.daemon.status import HISTORY_EVERY, ChatHistory
 from watchd.daemon.supervisor import Supervisor
+from watchd.daemon.view import HISTORY_EVERY, ChatHistory
 from watchd.detection.detector import Detector
-from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth
 from watchd.kits.tasks import TASKS
-from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.chats import ChatStore
 from watchd.store.lock import StateInUse, StateLock
 from watchd.store.persistence import StateDB
 from watchd.sweeping import Sweeper
@@ -68,7 +59,6 @@ from watchd.telemetry.events import EventSink, EventSource, NullSink, own_source
 from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline
 from watchd.telemetry.spans import SpanConverter
-from watchd.watching.quota import QuotaWatcher
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
 log = logs.get("watchd.daemon")
@@ -76,9 +66,6 @@ log = logs.get("watchd.daemon")
 # Task kinds that belong to one identity: their crash loops make the identity unhealthy.
 IDENTITY_TASKS = frozenset({"watch", "reconcile", "quota", "confirm"})
 STOP_DEADLINES = {"server": 1.0, "watchers": 2.0, "core": 1.0, "flush": 2.0, "spans": 2.0}
-# How many identities may list at once: after a Coder restart, 50 watchers must not
-# all list in the same second.
-CONCURRENT_LISTINGS = 4
 
 
 def build_telemetry(config: Config) -> SpanPipeline:
@@ -121,27 +108,6 @@ def build_telemetry(config: Config) -> SpanPipeline:
         export=export,
         queue_size=t.ingest_queue,
     )
-
-
-class TimedConfirmer:
-    """The watcher as the detector's Confirmer, timing each confirmation read."""
-
-    def __init__(self, watcher: IdentityWatcher, observe: Callable[[float], None]) -> None:
-        self.watcher = watcher
-        self.observe = observe
-
-    async def get_chat(self, chat_id: str) -> Chat:
-        t0 = time.monotonic()
-        try:
-            return await self.watcher.get_chat(chat_id)
-        finally:
-            self.observe(time.monotonic() - t0)
-
-    async def relist(self) -> None:
-        await self.watcher.relist()
-
-    async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
-        return await self.watcher.facts(record, lookup=lookup)
 
 
 class _Pending:
@@ -228,45 +194,38 @@ class Daemon:
                 *(silence_from_json(b) for b in self.db.silences_load()),
             ]
         )
+        self.silences = SilenceBook(self.silencer, self.db.silence_save)
         self.inhibitor = Inhibitor(config.inhibit_rules)
         self.dispatcher: Dispatcher | None = None
         self.deadman: Heartbeat | None = None
-        self.health: dict[str, IdentityHealth] = {}
-        self.watchers: dict[str, IdentityWatcher] = {}
+        self.metrics = Metrics(self)
+        self.identities = Identities(
+            supervisor=self.supervisor,
+            store=self.store,
+            db=self.db,
+            detector=self.detector,
+            metrics=self.metrics,
+            events=self.events,
+        )
+        # The same dicts the identities keep: the view (status, metrics) reads them.
+        self.health: dict[str, IdentityHealth] = self.identities.health
+        self.watchers: dict[str, IdentityWatcher] = self.identities.watchers
         self.file_sources: list[FileSource] = []
         self.sweeper: Sweeper | None = self._make_sweeper(config)
-        self.metrics = Metrics(self)
         self.history = ChatHistory()
-        self.server = Server(self, listen=config.server.listen)
+        self.server = Server(
+            self,
+            listen=config.server.listen,
+            silences=SilencesApi(self.silences, lambda: self.secrets.admin_token),
+            render_metrics=self.metrics.render,
+        )
         self._session: aiohttp.ClientSession | None = None
-        self._gate = asyncio.Semaphore(CONCURRENT_LISTINGS)
         log.info(
             "state.loaded",
             chats=loaded,
             alerts_firing=len(self.detector.firing),
             path=str(self.db.path),
         )
-
-    def add_silence(self, silence: Silence) -> None:
-        self.silencer.add(silence)
-        self.db.silence_save(silence.id, silence.to_json(time.time()))
-        log.info(
-            "silence.added",
-            id=silence.id,
-            matchers=[str(m) for m in silence.matchers],
-            ends_at=silence.ends_at,
-            created_by=silence.created_by,
-        )
-
-    def expire_silence(self, silence_id: str) -> Silence | None:
-        existing = self.silencer.silences.get(silence_id)
-        if existing is None or existing.source == "config":
-            return None
-        ended = self.silencer.expire(silence_id, now=time.time())
-        if ended is not None:
-            self.db.silence_save(ended.id, ended.to_json(time.time()))
-            log.info("silence.expired", id=silence_id)
-        return ended
 
     def ready(self) -> bool:
         return all(h.seeded_once for h in self.health.values())
@@ -278,6 +237,7 @@ class Daemon:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
         )
+        self.identities.session = self._session
         sup = self.supervisor
         try:
             if self._sink_override is not None:
@@ -294,6 +254,7 @@ class Daemon:
                     external_url=self.config.server.external_url,
                 )
                 self.dispatcher.on_delivered = self._delivered
+                self.identities.dispatcher = self.dispatcher
                 self.metrics.receivers(list(self.dispatcher.notifiers))
                 restored = self.dispatcher.restore()
                 self.detector.sink = self.dispatcher
@@ -368,6 +329,10 @@ class Daemon:
             return USER_AGENT
         return f"{USER_AGENT} replica/{self.shard_index}-of-{sh.replicas}"
 
+    @property
+    def ingest_counts(self) -> Mapping[str, int]:
+        return self.server.ingest_counts
+
     def settled(self) -> bool:
         """Every identity's first seed attempt has ended, seeded or not (READY=1, /readyz).
 
@@ -407,26 +372,12 @@ class Daemon:
         return None
 
     async def _systemd(self) -> None:
-        """READY=1 once settled, STATUS= on change, WATCHDOG=1 while the loop progresses."""
-        n = self.notifier
-        interval = n.watchdog_interval
-        tick = min(0.5, interval / 2) if interval else 0.5
-        announced = False
-        last_status = ""
-        last_ping = 0.0
-        while True:
-            status = self.status_line()
-            if not announced and self.settled():
-                n.ready(status)
-                announced, last_status = True, status
-            elif announced and status != last_status:
-                n.status(status)
-                last_status = status
-            now = time.monotonic()
-            if interval and now - last_ping >= interval and self.progressing():
-                n.watchdog()
-                last_ping = now
-            await asyncio.sleep(tick)
+        await keep_informed(
+            self.notifier,
+            status_line=self.status_line,
+            settled=self.settled,
+            progressing=self.progressing,
+        )
 
     async def reload(self) -> bool:
         """SIGHUP: apply a new config; an invalid one keeps the old one running."""
@@ -470,38 +421,20 @@ class Daemon:
         self.detector.chat_failed = d.chat_failed
         self.detector.link_template = config.chat_link_template
         # Only owned identities run here: a resharding reload starts and stops watchers
-        # like an edit of the identity list would.
-        old = {i.name: i for i in self.owned()}
+        # like an edit of the identity list would. One owned by another replica now keeps
+        # its alerts firing there under the same fingerprints: handed over, not resolved.
+        old_owned, new_owned = self.owned(), config.owned_identities(index)
+        p = plan((self.config, self.secrets, old_owned), (config, secrets, new_owned))
+        removed, added, changed = p.removed, p.added, p.changed
         self.shard_index = index
-        new = {i.name: i for i in self.owned(config)}
-        removed = sorted(old.keys() - new.keys())
-        added = sorted(new.keys() - old.keys())
-        changed = sorted(
-            n
-            for n in old.keys() & new.keys()
-            if old[n] != new[n]
-            or self.config.budgets_for(old[n]) != config.budgets_for(new[n])
-            or self.secrets.tokens[n].get_secret_value() != secrets.tokens[n].get_secret_value()
-        )
         self.config, self.secrets = config, secrets
-        still_configured = {i.name for i in config.identities}
-        for name in removed:
-            # Owned by another replica now (resharding): it keeps the alerts firing under
-            # the same fingerprints, so they are handed over, not resolved.
-            handed = name in still_configured
-            await self.remove_identity(name, forget=True, hand_over=handed)
-            self.metrics.identity_removed(name)
-        for name in changed:
-            # Same deployment: keep the chats' clocks and firing alerts; only restart.
-            await self.remove_identity(name, forget=old[name].url != new[name].url)
-            self.add_identity(new[name])
-        for name in added:
-            self.add_identity(new[name])
-        if everyone:
-            for name in sorted(old.keys() & new.keys()):
-                if name not in changed:
-                    await self.remove_identity(name, forget=False)
-                    self.add_identity(new[name])
+        await self.identities.apply(
+            p,
+            before={i.name: i for i in old_owned},
+            after={i.name: i for i in new_owned},
+            restart_all=everyone,
+            start=self.add_identity,
+        )
         if previous.sweep != config.sweep:
             await self._restart_sweeper()
         self.route = routing.build(config.route)
@@ -570,96 +503,19 @@ class Daemon:
             self.supervisor.spawn("sweep", self.sweeper.run, group="watchers", restart=True)
 
     async def remove_identity(self, name: str, *, forget: bool, hand_over: bool = False) -> None:
-        await self.supervisor.stop(f"watch:{name}")
-        await self.supervisor.stop(f"reconcile:{name}")
-        await self.supervisor.stop(f"quota:{name}")
-        await self.detector.unregister(
-            name, reason="identity removed from config", resolve=forget and not hand_over
-        )
-        if hand_over:
-            dropped = self.detector.hand_over(name)
-            if self.dispatcher is not None:
-                self.dispatcher.hand_over(dropped)
-            log.info("sharding.handed_over", identity=name, alerts=len(dropped))
-        self.health.pop(name, None)
-        self.watchers.pop(name, None)
-        if forget:
-            self.store.drop_identity(name)
-            self.db.forget_identity(name)
+        await self.identities.remove(name, forget=forget, hand_over=hand_over)
 
     def add_identity(self, ident: IdentityConfig) -> None:
-        assert self._session is not None
-        name = ident.name
-        clock = ServerClock()
-        self.metrics.identity_added(name)
-        health = IdentityHealth(
-            name=name,
-            deployment=ident.url,
-            server_clock=clock,
-            unhealthy_after=ident.unhealthy_after,
-            on_listing=self.metrics.listing.labels(name).observe,
-        )
-        transport = Transport(
-            base_url=ident.url,
-            token=self.secrets.tokens[name].get_secret_value(),
-            session=self._session,
-            identity=name,
-            events=self.events,
-            source=own_source(name),
-            server_clock=clock,
-            limiter=RateLimiter(
-                rate=ident.requests_per_minute / 60.0, burst=max(5, ident.requests_per_minute // 10)
-            ),
+        self.identities.add(
+            ident,
+            token=self.secrets.tokens[ident.name].get_secret_value(),
+            config=self.config,
+            settings=self.settings,
             user_agent=self.user_agent(),
         )
-        client = CoderClient(transport, page_size=ident.page_size)
-        watcher = IdentityWatcher(
-            health=health,
-            client=client,
-            store=self.store,
-            detector=self.detector,
-            listing_gate=self._gate,
-            settings=self.settings,
-            token_provider=lambda: self._reread_token(ident),
-            rng=random.Random(),
-        )
-        self.health[name] = health
-        self.watchers[name] = watcher
-        self.detector.register(
-            health,
-            confirmer=TimedConfirmer(watcher, self.metrics.confirmation.labels(name).observe),
-            budgets=self.config.budgets_for(ident),
-            labels=ident.labels,
-        )
-        self.supervisor.spawn(
-            f"watch:{name}", watcher.watch_forever, group="watchers", restart=True
-        )
-        self.supervisor.spawn(
-            f"reconcile:{name}", watcher.reconcile_forever, group="watchers", restart=True
-        )
-        if self.config.quota.enabled:
-            quota = QuotaWatcher(
-                health=health,
-                client=client,
-                detector=self.detector,
-                config=self.config.quota,
-                labels=dict(ident.labels),
-            )
-            self.supervisor.spawn(f"quota:{name}", quota.run, group="watchers", restart=True)
 
     def _delivered(self, receiver: str, seconds: float) -> None:
         self.metrics.notification.labels(receiver).observe(seconds)
-
-    @staticmethod
-    def _reread_token(ident: IdentityConfig) -> str:
-        from watchd import secrets
-
-        return secrets.resolve(
-            file=ident.token_file,
-            env=ident.token_env,
-            credential=ident.token_credential,
-            what=f"identity {ident.name}",
-        )
 
     async def _heartbeat(self) -> None:
         while True:
@@ -669,7 +525,7 @@ class Daemon:
     async def _sample_history(self) -> None:
         """Chats by status per identity for the status page's last-hour chart."""
         while True:
-            self.history.sample(self, time.time())
+            self.history.sample(self.store, list(self.health), time.time())
             await asyncio.sleep(HISTORY_EVERY)
 
     async def shutdown(self) -> None:

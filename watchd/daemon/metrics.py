@@ -30,13 +30,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
+from watchd.daemon.view import DaemonView, read_caps, telemetry_summary
 from watchd.detection.detector import SEVERITY
 from watchd.kits.tasks import TASKS
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
-
-    from watchd.daemon.app import Daemon
 
 # `_created` gauges per histogram child are noise for scrapers of the 0.0.4 text format.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -78,7 +77,7 @@ NOTIFY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 class Metrics:
     """The daemon's registry. Hooks observe the histograms; the rest is read at scrape."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: DaemonView) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -126,7 +125,7 @@ class Metrics:
 class _Live(Collector):
     """Families computed from the live objects on every scrape: no second copy to drift."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: DaemonView) -> None:
         self.d = daemon
 
     def describe(self) -> Iterator[Metric]:
@@ -186,8 +185,6 @@ class _Live(Collector):
             "Reads from outside that hit their bound (docs/limits.md), by kind.",
             ["kind"],
         )
-        from watchd.daemon.status import read_caps
-
         for cap_kind, cap_hits in read_caps(d).items():
             cut.add_metric([cap_kind], cap_hits)
         yield cut
@@ -330,8 +327,6 @@ class _Live(Collector):
         yield owner
 
     def _telemetry(self) -> Iterator[Metric]:
-        from watchd.daemon.status import telemetry_summary
-
         t = telemetry_summary(self.d)
         events = _counter(
             "watchd_transport_events_total",

@@ -10,29 +10,37 @@ from __future__ import annotations
 import hmac
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import orjson
 from aiohttp import web
 
-from watchd.alerting.silencing import Silence, new_id
-from watchd.config import parse_duration
 from watchd.daemon.metrics import CONTENT_TYPE
-from watchd.daemon.status import StatusQuery, status_document, status_html
-from watchd.matchers import MatcherError, parse_matchers
+from watchd.daemon.silences_api import SilencesApi
+from watchd.daemon.status import StatusQuery, status_document
+from watchd.daemon.status_page import status_html
+from watchd.daemon.view import DaemonView
 from watchd.secrets import REGISTRY
 from watchd.telemetry.ingest import IngestError, parse_batch
-
-if TYPE_CHECKING:
-    from watchd.daemon.app import Daemon
 
 # The heartbeat ticks every second; missing 5 means the loop or the supervisor is wedged.
 STALE_HEARTBEAT = 5.0
 
 
 class Server:
-    def __init__(self, daemon: Daemon, *, listen: str) -> None:
+    """The routes, bound to the daemon's read-only view; the silences API and the metrics
+    renderer are handed in, so nothing here reaches into the daemon to change it."""
+
+    def __init__(
+        self,
+        daemon: DaemonView,
+        *,
+        listen: str,
+        silences: SilencesApi,
+        render_metrics: Callable[[], bytes],
+    ) -> None:
         self.daemon = daemon
+        self.render_metrics = render_metrics
         host, _, port = listen.rpartition(":")
         self.host = host.strip("[]")
         self.port = int(port)
@@ -49,9 +57,7 @@ class Server:
             "too_large": 0,
             "refused_full": 0,
         }
-        self.app.router.add_get("/api/v1/silences", self.silences_list)
-        self.app.router.add_post("/api/v1/silences", self.silences_add)
-        self.app.router.add_delete("/api/v1/silences/{id}", self.silences_expire)
+        silences.routes(self.app)
         if os.environ.get("WATCHD_DEBUG_ENDPOINTS") == "1":
             # For testing probes: wedge the event loop on purpose (never on by default).
             self.app.router.add_post("/debug/block", self.debug_block)
@@ -118,98 +124,9 @@ class Server:
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(
-            body=self.daemon.metrics.render(),
+            body=self.render_metrics(),
             headers={"Content-Type": CONTENT_TYPE, "X-Content-Type-Options": "nosniff"},
         )
-
-    # -- runtime silences -------------------------------------------------------------
-
-    def _authorized(self, request: web.Request, *, mutate: bool) -> web.Response | None:
-        token = self.daemon.secrets.admin_token
-        if token is None:
-            if mutate:
-                return web.json_response(
-                    {
-                        "error": "silences are read-only: set server.admin_token_file (or _env, "
-                        "_credential) to manage them at runtime"
-                    },
-                    status=403,
-                )
-            return None
-        given = request.headers.get("Authorization", "")
-        expected = f"Bearer {token.get_secret_value()}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            return web.json_response(
-                {"error": "missing or wrong bearer token"},
-                status=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        return None
-
-    async def silences_list(self, request: web.Request) -> web.Response:
-        denied = self._authorized(request, mutate=False)
-        if denied is not None:
-            return denied
-        now = time.time()
-        items = [s.to_json(now) for s in self.daemon.silencer.silences.values()]
-        return web.json_response({"silences": sorted(items, key=lambda s: str(s["id"]))})
-
-    async def silences_add(self, request: web.Request) -> web.Response:
-        denied = self._authorized(request, mutate=True)
-        if denied is not None:
-            return denied
-        try:
-            body = await request.json()
-        except ValueError:
-            return web.json_response({"error": "body: not JSON"}, status=400)
-        if not isinstance(body, dict):
-            return web.json_response({"error": "body: expected an object"}, status=400)
-        unknown = set(body) - {
-            "matchers",
-            "duration",
-            "starts_at",
-            "ends_at",
-            "comment",
-            "created_by",
-        }
-        if unknown:
-            return web.json_response({"error": f"unknown fields: {sorted(unknown)}"}, status=400)
-        now = time.time()
-        try:
-            raw = body.get("matchers")
-            if not isinstance(raw, list) or not raw or not all(isinstance(m, str) for m in raw):
-                raise ValueError("matchers: a non-empty list of matcher strings is required")
-            matchers = parse_matchers(raw)
-            starts = float(body.get("starts_at", now))
-            if "ends_at" in body:
-                ends = float(body["ends_at"])
-            elif "duration" in body:
-                ends = starts + parse_duration(body["duration"])
-            else:
-                raise ValueError("give duration (e.g. 2h) or ends_at (epoch seconds)")
-            if ends <= starts:
-                raise ValueError("the silence ends before it starts")
-        except (MatcherError, ValueError, TypeError) as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        silence = Silence(
-            id=new_id(),
-            matchers=matchers,
-            starts_at=starts,
-            ends_at=ends,
-            comment=str(body.get("comment", ""))[:500],
-            created_by=str(body.get("created_by", "api"))[:100],
-        )
-        self.daemon.add_silence(silence)
-        return web.json_response(silence.to_json(now), status=201)
-
-    async def silences_expire(self, request: web.Request) -> web.Response:
-        denied = self._authorized(request, mutate=True)
-        if denied is not None:
-            return denied
-        ended = self.daemon.expire_silence(request.match_info["id"])
-        if ended is None:
-            return web.json_response({"error": "no such silence"}, status=404)
-        return web.json_response(ended.to_json(time.time()))
 
     async def debug_block(self, request: web.Request) -> web.Response:
         seconds = min(float(request.query.get("seconds", "5")), 60.0)

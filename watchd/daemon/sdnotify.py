@@ -4,13 +4,16 @@
 the abstract namespace). Messages are newline-separated ``KEY=VALUE``
 lines. The watchdog interval is half of ``WATCHDOG_USEC`` (when
 ``WATCHDOG_PID`` is unset or ours). Outside systemd every call is a no-op.
+``keep_informed`` is the daemon's loop that says READY, STATUS and WATCHDOG.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 from watchd import logs
 
@@ -72,3 +75,31 @@ class SdNotifier:
 
     def reloading(self) -> bool:
         return self.notify(RELOADING="1", STATUS="reloading configuration")
+
+
+async def keep_informed(
+    n: SdNotifier,
+    *,
+    status_line: Callable[[], str],
+    settled: Callable[[], bool],
+    progressing: Callable[[], bool],
+) -> None:
+    """READY=1 once settled, STATUS= on change, WATCHDOG=1 while the loop progresses."""
+    interval = n.watchdog_interval
+    tick = min(0.5, interval / 2) if interval else 0.5
+    announced = False
+    last_status = ""
+    last_ping = 0.0
+    while True:
+        status = status_line()
+        if not announced and settled():
+            n.ready(status)
+            announced, last_status = True, status
+        elif announced and status != last_status:
+            n.status(status)
+            last_status = status
+        now = time.monotonic()
+        if interval and now - last_ping >= interval and progressing():
+            n.watchdog()
+            last_ping = now
+        await asyncio.sleep(tick)

@@ -1,0 +1,256 @@
+"""The identities this replica watches: add, remove, and re-plan on reload.
+
+Each identity gets its own health, server clock, rate-limited transport, client
+and watcher, and three supervised tasks (watch, reconcile, quota). Removing one
+stops its tasks *first*, then unregisters it from the detector, so a changed
+identity is restarted stop-then-start and never runs twice. A reload computes a
+plan (removed, added, changed) from the old and new configuration; applying it
+keeps clocks and firing alerts for identities whose deployment stays the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from watchd import logs, secrets
+from watchd.alerting.dispatch import Dispatcher
+from watchd.clock import ServerClock
+from watchd.coder.client import CoderClient
+from watchd.coder.models import Chat
+from watchd.coder.transport import RateLimiter, Transport
+from watchd.config import Config, IdentityConfig, QuotaConfig, ResolvedSecrets
+from watchd.daemon.metrics import Metrics
+from watchd.daemon.supervisor import Supervisor
+from watchd.detection.detector import Detector
+from watchd.detection.diagnosis import Facts
+from watchd.detection.health import IdentityHealth
+from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.persistence import StateDB
+from watchd.telemetry.events import EventSink, own_source
+from watchd.watching.quota import QuotaWatcher
+from watchd.watching.watcher import IdentityWatcher, WatchSettings
+
+log = logs.get("watchd.daemon")
+
+# How many identities may list at once: after a Coder restart, 50 watchers must not
+# all list in the same second.
+CONCURRENT_LISTINGS = 4
+
+
+class TimedConfirmer:
+    """The detector's confirmer for one identity, with each confirmation read timed."""
+
+    def __init__(self, watcher: IdentityWatcher, observe: Callable[[float], None]) -> None:
+        self.watcher = watcher
+        self.observe = observe
+
+    async def get_chat(self, chat_id: str) -> Chat:
+        t0 = asyncio.get_running_loop().time()
+        try:
+            return await self.watcher.get_chat(chat_id)
+        finally:
+            self.observe(asyncio.get_running_loop().time() - t0)
+
+    async def relist(self) -> None:
+        await self.watcher.relist()
+
+    async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
+        return await self.watcher.facts(record, lookup=lookup)
+
+
+def reread_token(ident: IdentityConfig) -> str:
+    """The identity's token read again from its reference (a rotated file, a new env)."""
+    return secrets.resolve(
+        file=ident.token_file,
+        env=ident.token_env,
+        credential=ident.token_credential,
+        what=f"identity {ident.name}",
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a reload does to the running identities."""
+
+    removed: list[str]
+    added: list[str]
+    changed: list[str]
+    handed_over: frozenset[str]  # removed here but still configured: another replica's now
+
+
+def plan(
+    old: tuple[Config, ResolvedSecrets, list[IdentityConfig]],
+    new: tuple[Config, ResolvedSecrets, list[IdentityConfig]],
+) -> Plan:
+    """Compare the owned identities before and after a reload (config, secrets, owned)."""
+    (old_cfg, old_sec, old_owned), (new_cfg, new_sec, new_owned) = old, new
+    before = {i.name: i for i in old_owned}
+    after = {i.name: i for i in new_owned}
+    removed = sorted(before.keys() - after.keys())
+    changed = sorted(
+        n
+        for n in before.keys() & after.keys()
+        if before[n] != after[n]
+        or old_cfg.budgets_for(before[n]) != new_cfg.budgets_for(after[n])
+        or old_sec.tokens[n].get_secret_value() != new_sec.tokens[n].get_secret_value()
+    )
+    configured = {i.name for i in new_cfg.identities}
+    return Plan(
+        removed=removed,
+        added=sorted(after.keys() - before.keys()),
+        changed=changed,
+        handed_over=frozenset(n for n in removed if n in configured),
+    )
+
+
+class Identities:
+    """Health and watcher per running identity, and the tasks that run them."""
+
+    def __init__(
+        self,
+        *,
+        supervisor: Supervisor,
+        store: ChatStore,
+        db: StateDB,
+        detector: Detector,
+        metrics: Metrics,
+        events: EventSink,
+    ) -> None:
+        self.supervisor = supervisor
+        self.store = store
+        self.db = db
+        self.detector = detector
+        self.metrics = metrics
+        self.events = events
+        self.health: dict[str, IdentityHealth] = {}
+        self.watchers: dict[str, IdentityWatcher] = {}
+        self.session: aiohttp.ClientSession | None = None
+        self.dispatcher: Dispatcher | None = None
+        self._gate = asyncio.Semaphore(CONCURRENT_LISTINGS)
+
+    def add(
+        self,
+        ident: IdentityConfig,
+        *,
+        token: str,
+        config: Config,
+        settings: WatchSettings,
+        user_agent: str,
+    ) -> None:
+        """Start watching ``ident``: its watch, reconcile and (if enabled) quota tasks."""
+        assert self.session is not None, "identities start after the HTTP session opens"
+        name = ident.name
+        clock = ServerClock()
+        self.metrics.identity_added(name)
+        health = IdentityHealth(
+            name=name,
+            deployment=ident.url,
+            server_clock=clock,
+            unhealthy_after=ident.unhealthy_after,
+            on_listing=self.metrics.listing.labels(name).observe,
+        )
+        transport = Transport(
+            base_url=ident.url,
+            token=token,
+            session=self.session,
+            identity=name,
+            events=self.events,
+            source=own_source(name),
+            server_clock=clock,
+            limiter=RateLimiter(
+                rate=ident.requests_per_minute / 60.0, burst=max(5, ident.requests_per_minute // 10)
+            ),
+            user_agent=user_agent,
+        )
+        client = CoderClient(transport, page_size=ident.page_size)
+        watcher = IdentityWatcher(
+            health=health,
+            client=client,
+            store=self.store,
+            detector=self.detector,
+            listing_gate=self._gate,
+            settings=settings,
+            token_provider=lambda: reread_token(ident),
+            rng=random.Random(),
+        )
+        self.health[name] = health
+        self.watchers[name] = watcher
+        self.detector.register(
+            health,
+            confirmer=TimedConfirmer(watcher, self.metrics.confirmation.labels(name).observe),
+            budgets=config.budgets_for(ident),
+            labels=ident.labels,
+        )
+        sup = self.supervisor
+        sup.spawn(f"watch:{name}", watcher.watch_forever, group="watchers", restart=True)
+        sup.spawn(f"reconcile:{name}", watcher.reconcile_forever, group="watchers", restart=True)
+        if config.quota.enabled:
+            self._start_quota(name, health, client, config.quota, ident)
+
+    def _start_quota(
+        self,
+        name: str,
+        health: IdentityHealth,
+        client: CoderClient,
+        quota: QuotaConfig,
+        ident: IdentityConfig,
+    ) -> None:
+        poller = QuotaWatcher(
+            health=health,
+            client=client,
+            detector=self.detector,
+            config=quota,
+            labels=dict(ident.labels),
+        )
+        self.supervisor.spawn(f"quota:{name}", poller.run, group="watchers", restart=True)
+
+    async def remove(self, name: str, *, forget: bool, hand_over: bool = False) -> None:
+        """Stop the identity's tasks, then unregister it (its alerts resolve only when it
+        is forgotten here and not handed over to another replica)."""
+        await self.supervisor.stop(f"watch:{name}")
+        await self.supervisor.stop(f"reconcile:{name}")
+        await self.supervisor.stop(f"quota:{name}")
+        await self.detector.unregister(
+            name, reason="identity removed from config", resolve=forget and not hand_over
+        )
+        if hand_over:
+            dropped = self.detector.hand_over(name)
+            if self.dispatcher is not None:
+                self.dispatcher.hand_over(dropped)
+            log.info("sharding.handed_over", identity=name, alerts=len(dropped))
+        self.health.pop(name, None)
+        self.watchers.pop(name, None)
+        if forget:
+            self.store.drop_identity(name)
+            self.db.forget_identity(name)
+
+    async def apply(
+        self,
+        p: Plan,
+        *,
+        before: dict[str, IdentityConfig],
+        after: dict[str, IdentityConfig],
+        restart_all: bool,
+        start: Callable[[IdentityConfig], None],
+    ) -> None:
+        """Carry out a reload's plan; ``restart_all`` restarts the unchanged ones too
+        (settings every watcher reads at start changed). Same deployment: clocks and
+        firing alerts are kept."""
+        for name in p.removed:
+            await self.remove(name, forget=True, hand_over=name in p.handed_over)
+            self.metrics.identity_removed(name)
+        for name in p.changed:
+            await self.remove(name, forget=before[name].url != after[name].url)
+            start(after[name])
+        for name in p.added:
+            start(after[name])
+        if restart_all:
+            for name in sorted(before.keys() & after.keys()):
+                if name not in p.changed:
+                    await self.remove(name, forget=False)
+                    start(after[name])

@@ -1,0 +1,157 @@
+"""The runtime silences API: ``GET/POST /api/v1/silences``, ``DELETE …/{id}``.
+
+Listing needs the admin token when one is set; changing silences always does
+(without a token, silences are read-only and config-defined). A silence added
+here is persisted before it is answered, so a restart keeps it; config-defined
+silences cannot be expired here (the file is their source of truth).
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import SecretStr
+
+from watchd import logs
+from watchd.alerting.silencing import Silence, Silencer, new_id
+from watchd.config import parse_duration
+from watchd.matchers import MatcherError, parse_matchers
+
+log = logs.get("watchd.silences")
+
+FIELDS = frozenset({"matchers", "duration", "starts_at", "ends_at", "comment", "created_by"})
+
+
+class SilenceBook:
+    """The silences in force, with every runtime change persisted and logged."""
+
+    def __init__(self, silencer: Silencer, save: Callable[[str, dict[str, Any]], None]) -> None:
+        self.silencer = silencer
+        self._save = save
+
+    def add(self, silence: Silence) -> None:
+        self.silencer.add(silence)
+        self._save(silence.id, silence.to_json(time.time()))
+        log.info(
+            "silence.added",
+            id=silence.id,
+            matchers=[str(m) for m in silence.matchers],
+            ends_at=silence.ends_at,
+            created_by=silence.created_by,
+        )
+
+    def expire(self, silence_id: str) -> Silence | None:
+        """End a runtime silence now; None when there is none (or it is config-defined)."""
+        existing = self.silencer.silences.get(silence_id)
+        if existing is None or existing.source == "config":
+            return None
+        ended = self.silencer.expire(silence_id, now=time.time())
+        if ended is not None:
+            self._save(ended.id, ended.to_json(time.time()))
+            log.info("silence.expired", id=silence_id)
+        return ended
+
+
+def parse_silence(body: object, now: float) -> Silence:
+    """A new silence from a POST body; ValueError naming what was wrong."""
+    if not isinstance(body, dict):
+        raise ValueError("body: expected an object")
+    unknown = set(body) - FIELDS
+    if unknown:
+        raise ValueError(f"unknown fields: {sorted(unknown)}")
+    try:
+        raw = body.get("matchers")
+        if not isinstance(raw, list) or not raw or not all(isinstance(m, str) for m in raw):
+            raise ValueError("matchers: a non-empty list of matcher strings is required")
+        matchers = parse_matchers(raw)
+        starts = float(body.get("starts_at", now))
+        if "ends_at" in body:
+            ends = float(body["ends_at"])
+        elif "duration" in body:
+            ends = starts + parse_duration(body["duration"])
+        else:
+            raise ValueError("give duration (e.g. 2h) or ends_at (epoch seconds)")
+        if ends <= starts:
+            raise ValueError("the silence ends before it starts")
+    except (MatcherError, TypeError) as exc:
+        raise ValueError(str(exc)) from None
+    return Silence(
+        id=new_id(),
+        matchers=matchers,
+        starts_at=starts,
+        ends_at=ends,
+        comment=str(body.get("comment", ""))[:500],
+        created_by=str(body.get("created_by", "api"))[:100],
+    )
+
+
+class SilencesApi:
+    """The handlers, bound to a book and to the admin token in force (it can be reloaded)."""
+
+    def __init__(self, book: SilenceBook, admin_token: Callable[[], SecretStr | None]) -> None:
+        self.book = book
+        self._admin_token = admin_token
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/api/v1/silences", self.list)
+        app.router.add_post("/api/v1/silences", self.add)
+        app.router.add_delete("/api/v1/silences/{id}", self.expire)
+
+    def _authorized(self, request: web.Request, *, mutate: bool) -> web.Response | None:
+        token = self._admin_token()
+        if token is None:
+            if mutate:
+                return web.json_response(
+                    {
+                        "error": "silences are read-only: set server.admin_token_file (or _env, "
+                        "_credential) to manage them at runtime"
+                    },
+                    status=403,
+                )
+            return None
+        given = request.headers.get("Authorization", "")
+        expected = f"Bearer {token.get_secret_value()}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return web.json_response(
+                {"error": "missing or wrong bearer token"},
+                status=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return None
+
+    async def list(self, request: web.Request) -> web.Response:
+        denied = self._authorized(request, mutate=False)
+        if denied is not None:
+            return denied
+        now = time.time()
+        items = [s.to_json(now) for s in self.book.silencer.silences.values()]
+        return web.json_response({"silences": sorted(items, key=lambda s: str(s["id"]))})
+
+    async def add(self, request: web.Request) -> web.Response:
+        denied = self._authorized(request, mutate=True)
+        if denied is not None:
+            return denied
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"error": "body: not JSON"}, status=400)
+        now = time.time()
+        try:
+            silence = parse_silence(body, now)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        self.book.add(silence)
+        return web.json_response(silence.to_json(now), status=201)
+
+    async def expire(self, request: web.Request) -> web.Response:
+        denied = self._authorized(request, mutate=True)
+        if denied is not None:
+            return denied
+        ended = self.book.expire(request.match_info["id"])
+        if ended is None:
+            return web.json_response({"error": "no such silence"}, status=404)
+        return web.json_response(ended.to_json(time.time()))

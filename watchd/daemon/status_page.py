@@ -1,0 +1,263 @@
+"""The ``/status`` page for on-call: the status document rendered as one HTML page.
+
+Plain HTML and inline CSS, no script: it renders the same document ``/status``
+serves as JSON (``daemon.status``), one page of alert rows at a time, with an
+SVG chart of chats by status over the last hour. Every value is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from watchd.config import format_duration
+from watchd.daemon.status import RESOLVED_SHOWN, iso
+
+
+def _ago(t: float | None, now: float) -> str:
+    if t is None:
+        return "never"
+    return f"{format_duration(max(0.0, now - t))} ago"
+
+
+_CSS = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin-bottom: 1.5em; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+tr.bad td { background: #fde8e8; }
+#identities tr.ok td:nth-child(3) { color: #080; }
+tr.muted td { color: #777; background: #f7f7f7; }
+.badge { font-size: 80%; padding: 0 4px; border-radius: 3px; background: #ddd; }
+.badge.silenced { background: #e0e7ff; } .badge.inhibited { background: #fef3c7; }
+h1 small { font-weight: normal; color: #777; font-size: 60%; }
+form.filters { margin: .5em 0 1em; } nav.pages a { margin-right: 1em; }
+svg.chart { background: #fafafa; border: 1px solid #ddd; }
+.legend span { margin-right: .6em; font-size: 85%; }
+"""
+
+# Status colours for the chart (unknown statuses grey).
+_COLOURS = {
+    "running": "#2563eb",
+    "pending": "#7c3aed",
+    "interrupting": "#db2777",
+    "requires_action": "#dc2626",
+    "waiting": "#16a34a",
+    "completed": "#65a30d",
+    "paused": "#ca8a04",
+    "error": "#ea580c",
+}
+
+
+def chart_svg(name: str, series: list[dict[str, Any]], now: float, window: float) -> str:
+    """A small line chart of chats by status over the last hour, as inline SVG."""
+    e = html.escape
+    w, h, pad = 240, 56, 2
+    statuses = sorted({s for point in series for s in point["chats"]})
+    peak = max((n for point in series for n in point["chats"].values()), default=0) or 1
+    lines = []
+    for status in statuses:
+        pts = []
+        for point in series:
+            x = pad + (w - 2 * pad) * (1 - min(window, max(0.0, now - point["t"])) / window)
+            y = h - pad - (h - 2 * pad) * point["chats"].get(status, 0) / peak
+            pts.append(f"{x:.1f},{y:.1f}")
+        colour = _COLOURS.get(status, "#888")
+        lines.append(
+            f"<polyline data-status='{e(status)}' fill='none' stroke='{colour}' "
+            f"stroke-width='1.5' points='{' '.join(pts)}'/>"
+        )
+    latest = series[-1]["chats"] if series else {}
+    legend = "".join(
+        f"<span style='color:{_COLOURS.get(s, '#888')}'>{e(s)} {latest.get(s, 0)}</span>"
+        for s in statuses
+    )
+    return (
+        f"<svg class='chart' data-identity='{e(name)}' width='{w}' height='{h}' "
+        f"viewBox='0 0 {w} {h}' role='img' aria-label='chats by status, last hour'>"
+        f"<title>{e(name)}: chats by status over the last hour (peak {peak})</title>"
+        f"{''.join(lines)}</svg><div class='legend'>{legend}</div>"
+    )
+
+
+def _alert_row(a: dict[str, Any]) -> str:
+    e = html.escape
+    lab, ann = a["labels"], a["annotations"]
+    chat = _chat_cell(a)
+    state = a["state"]
+    badge = f" <span class='badge {state}'>{state}</span>" if state != "active" else ""
+    return (
+        f"<tr class='alert {'muted' if state != 'active' else ''}' data-state='{state}' "
+        f"data-identity='{e(lab.get('identity', ''))}' "
+        f"data-alertname='{e(lab.get('alertname', ''))}'>"
+        f"<td>{e(lab.get('alertname', ''))}{badge}</td><td>{e(lab.get('identity', ''))}</td>"
+        f"<td>{e(lab.get('status', ''))}</td><td>{chat}</td>"
+        f"<td>{e(ann.get('time_in_status', ''))}</td><td>{e(ann.get('budget', ''))}</td>"
+        f"<td><time datetime='{a['firing_since']}'>{a['firing_since']}</time> "
+        f"({e(a['firing_for'])} ago)</td>"
+        f"<td>{e(ann.get('hint', ''))}</td></tr>"
+    )
+
+
+_ALERT_HEAD = (
+    "<tr><th>alert</th><th>identity</th><th>status</th><th>chat</th><th>time in status</th>"
+    "<th>budget</th><th>firing since</th><th>hint</th></tr>"
+)
+
+
+def status_html(doc: dict[str, Any]) -> str:
+    e = html.escape
+    now = float(doc["generated_at"])
+    al = doc["alerts"]
+    rows = []
+    for i in doc["identities"]:
+        statuses = ", ".join(f"{e(k)}: {v}" for k, v in i["chats_by_status"].items()) or "—"
+        age = i["last_list_age_seconds"]
+        chart = chart_svg(
+            i["name"], doc["history"].get(i["name"], []), now, doc["chart_window_seconds"]
+        )
+        rows.append(
+            f"<tr class='{'ok' if i['ready'] else 'bad'}'><td>{e(i['name'])}</td>"
+            f"<td>{e(i['deployment'])}</td><td>{e(i['state'])}</td>"
+            f"<td>{'—' if age is None else e(format_duration(age)) + ' ago'}</td>"
+            f"<td>{i['chats']}</td><td>{statuses}</td><td>{chart}</td>"
+            f"<td>{e(i['last_error'] or '')}</td></tr>"
+        )
+    active = [a for a in al["firing"] if a["state"] == "active"]
+    muted = [a for a in al["firing"] if a["state"] != "active"]
+    counts = al["counts"]["by_state"]
+    f = al["filters"]
+
+    def options(values: list[str], chosen: str) -> str:
+        out = ["<option value=''>all</option>"]
+        for v in values:
+            sel = " selected" if v == chosen else ""
+            out.append(f"<option value='{e(v)}'{sel}>{e(v)}</option>")
+        return "".join(out)
+
+    idents = sorted({i["name"] for i in doc["identities"]} | set(al["counts"]["by_identity"]))
+    names = sorted(al["counts"]["by_alertname"])
+    filters = (
+        "<form class='filters' method='get' action='status'>"
+        "<input type='hidden' name='format' value='html'>"
+        f"<label>identity <select name='identity'>{options(idents, f['identity'])}"
+        "</select></label> "
+        f"<label>alert <select name='alertname'>{options(names, f['alertname'])}"
+        "</select></label> "
+        "<button type='submit'>filter</button></form>"
+    )
+    pages = []
+    base = {k: v for k, v in (("identity", f["identity"]), ("alertname", f["alertname"])) if v}
+    page_no = al["offset"] // al["limit"] + 1
+    last_page = max(1, -(-al["matching"] // al["limit"]))
+    if page_no > 1:
+        query = urlencode({**base, "format": "html", "page": page_no - 1})
+        pages.append(f"<a rel='prev' href='status?{e(query)}'>← newer page</a>")
+    if al["next_offset"] is not None:
+        query = urlencode({**base, "format": "html", "page": page_no + 1})
+        pages.append(f"<a rel='next' href='status?{e(query)}'>next page →</a>")
+    nav = (
+        f"<nav class='pages'>page {page_no} of {last_page} ({al['matching']} matching, "
+        f"{al['firing_total']} firing) {''.join(pages)}</nav>"
+    )
+    no_alerts = "<tr><td colspan=8>No alerts firing.</td></tr>"
+    muted_block = (
+        f"<details id='muted'><summary>Silenced or inhibited ({counts['silenced']} silenced, "
+        f"{counts['inhibited']} inhibited)</summary>"
+        f"<table id='muted-alerts'>{_ALERT_HEAD}"
+        f"{''.join(_alert_row(a) for a in muted) or no_alerts}</table></details>"
+    )
+
+    def failing(r: dict[str, Any]) -> bool:
+        return bool(r["retries_pending"]) or (r["last_failure"] or 0) > (r["last_success"] or 0)
+
+    receivers = (
+        "".join(
+            f"<tr class='receiver {'bad' if failing(r) else 'ok'}'"
+            f" data-receiver='{e(name)}'><td>{e(name)}</td><td>{e(r['kind'])}</td>"
+            f"<td>{e(_ago(r['last_success'], now))}</td>"
+            f"<td>{e(_ago(r['last_failure'], now))}</td><td>{e(r['last_error'] or '')}</td>"
+            f"<td>{r['retries_pending']}</td><td>{r['sent']}</td><td>{r['failed']}</td></tr>"
+            for name, r in doc["receivers"].items()
+        )
+        or "<tr><td colspan=8>No receivers.</td></tr>"
+    )
+    resolved = (
+        "".join(
+            f"<tr class='resolved'><td>{e(a['labels'].get('alertname', ''))}</td>"
+            f"<td>{e(a['labels'].get('identity', ''))}</td>"
+            f"<td>{_chat_cell(a)}</td><td>{e(a['annotations'].get('lasted', ''))}</td>"
+            f"<td>{e(a['annotations'].get('resolved_reason', ''))}</td>"
+            f"<td>{e(iso(a['ends_at']))}</td></tr>"
+            for a in al["resolved"]
+        )
+        or "<tr><td colspan=6>Nothing resolved yet.</td></tr>"
+    )
+    silences = (
+        "".join(
+            f"<tr><td>{e(str(si['id']))}</td><td>{e(str(si['state']))}</td>"
+            f"<td>{e(', '.join(si['matchers']))}</td>"
+            f"<td>{e(time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(float(si['ends_at']))))}</td>"
+            f"<td>{e(str(si['created_by']))}</td><td>{e(str(si['comment']))}</td></tr>"
+            for si in doc["silences"]
+            if si["state"] != "expired"
+        )
+        or "<tr><td colspan=6>No silences.</td></tr>"
+    )
+    reload_note = ""
+    last = doc["reload"]["last"]
+    if last and last["needs_restart"]:
+        reload_note = (
+            "<p class='bad' id='restart-needed'>Changed in the config but needing a restart: "
+            f"{e(', '.join(last['needs_restart']))}</p>"
+        )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>watchd status</title>
+<meta http-equiv="refresh" content="30">
+<style>{_CSS}</style></head><body>
+<h1>watchd <small>v{e(doc["version"])} · up {e(format_duration(doc["uptime_seconds"]))}
+ · {"ready" if doc["ready"] else "not ready"} · as of {iso(now)}</small></h1>
+{_shard_note(doc["sharding"])}{reload_note}
+<h2>Firing alerts ({counts["active"]} active, {counts["silenced"]} silenced,
+ {counts["inhibited"]} inhibited)</h2>
+{filters}{nav}
+<table id="alerts">{_ALERT_HEAD}{"".join(_alert_row(a) for a in active) or no_alerts}</table>
+{muted_block}
+<h2>Receivers</h2>
+<table id="receivers"><tr><th>receiver</th><th>kind</th><th>last success</th>
+<th>last failure</th><th>last error</th><th>retries pending</th><th>sent</th><th>failed</th></tr>
+{receivers}</table>
+<h2>Identities</h2>
+<table id="identities"><tr><th>identity</th><th>deployment</th><th>watch</th><th>last list</th>
+<th>chats</th><th>by status</th><th>last hour</th><th>last error</th></tr>{"".join(rows)}</table>
+<h2>Recently resolved (last {RESOLVED_SHOWN})</h2>
+<table id="resolved"><tr><th>alert</th><th>identity</th><th>chat</th><th>lasted</th>
+<th>why it ended</th><th>resolved at</th></tr>{resolved}</table>
+<h2>Silences</h2>
+<table id="silences"><tr><th>id</th><th>state</th><th>matchers</th><th>ends</th><th>by</th>
+<th>comment</th></tr>{silences}</table>
+</body></html>"""
+
+
+def _chat_cell(a: dict[str, Any]) -> str:
+    e = html.escape
+    ann, lab = a["annotations"], a["labels"]
+    text = e(ann.get("title", "") or lab.get("chat_id", ""))
+    link = ann.get("link", "")
+    if link.startswith(("http://", "https://")):
+        return f"<a class='chat' href='{e(link)}'>{text or e(link)}</a>"
+    return text
+
+
+def _shard_note(sh: dict[str, Any]) -> str:
+    """One line saying which replica this is, when there are several."""
+    if sh["replicas"] == 1:
+        return ""
+    others = len(sh["others"])
+    return (
+        f"<p>replica {sh['replica']} of {sh['replicas']} (each identity on "
+        f"{sh['replication_factor']}): watching {len(sh['owned'])} identities; "
+        f"{others} owned by other replicas (see <code>sharding</code> in the JSON)</p>\n"
+    )

@@ -1,0 +1,152 @@
+"""The read-only face of the running daemon that the server, status page and metrics see.
+
+``DaemonView`` names exactly what they read, as read-only properties, so none of
+them imports ``daemon.app`` (no import circle, and nothing there can rewire the
+daemon by reaching into it). The summaries here are the numbers that both
+``/status`` and ``/metrics`` show, computed from the live objects on each request
+so there is no second copy to drift. Nothing here reads a secret.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from watchd.alerting.dispatch import Dispatcher
+from watchd.alerting.receivers.base import READ_CAPS
+from watchd.alerting.silencing import Inhibitor, Silencer
+from watchd.config import Config, ResolvedSecrets
+from watchd.daemon.heartbeat import Heartbeat
+from watchd.daemon.supervisor import Supervisor
+from watchd.detection.detector import Detector
+from watchd.detection.health import IdentityHealth
+from watchd.store.chats import ChatStore
+from watchd.store.persistence import StateDB
+from watchd.sweeping import Sweeper
+from watchd.telemetry.pipeline import SpanPipeline
+from watchd.watching.watcher import IdentityWatcher
+
+HISTORY_WINDOW = 3600.0  # the status chart's span: the last hour
+HISTORY_EVERY = 30.0  # one sample of chats-by-status per identity this often
+
+
+class DaemonView(Protocol):
+    """What the HTTP face reads from the daemon (``daemon.app.Daemon`` satisfies it)."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def secrets(self) -> ResolvedSecrets: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def last_beat(self) -> float: ...
+    @property
+    def shard_index(self) -> int: ...
+    @property
+    def supervisor(self) -> Supervisor: ...
+    @property
+    def store(self) -> ChatStore: ...
+    @property
+    def db(self) -> StateDB: ...
+    @property
+    def detector(self) -> Detector: ...
+    @property
+    def dispatcher(self) -> Dispatcher | None: ...
+    @property
+    def silencer(self) -> Silencer: ...
+    @property
+    def inhibitor(self) -> Inhibitor: ...
+    @property
+    def health(self) -> Mapping[str, IdentityHealth]: ...
+    @property
+    def watchers(self) -> Mapping[str, IdentityWatcher]: ...
+    @property
+    def sweeper(self) -> Sweeper | None: ...
+    @property
+    def deadman(self) -> Heartbeat | None: ...
+    @property
+    def telemetry(self) -> SpanPipeline: ...
+    @property
+    def ingest_counts(self) -> Mapping[str, int]: ...
+    @property
+    def history(self) -> ChatHistory: ...
+    @property
+    def reloads(self) -> Mapping[str, int]: ...
+    @property
+    def last_reload(self) -> dict[str, Any] | None: ...
+
+    def ready(self) -> bool: ...
+    def settled(self) -> bool: ...
+
+
+@dataclass
+class ChatHistory:
+    """Chats by status per identity, sampled every ``HISTORY_EVERY`` over the last hour."""
+
+    samples: deque[tuple[float, dict[str, dict[str, int]]]] = field(
+        default_factory=lambda: deque(maxlen=int(HISTORY_WINDOW / HISTORY_EVERY) + 1)
+    )
+
+    def sample(self, store: ChatStore, identities: list[str], now: float) -> None:
+        self.samples.append(
+            (now, {n: dict(Counter(r.status for r in store.records(n))) for n in identities})
+        )
+
+    def series(self, identity: str, now: float) -> list[tuple[float, dict[str, int]]]:
+        return [(t, s.get(identity, {})) for t, s in self.samples if now - t <= HISTORY_WINDOW]
+
+
+def read_caps(d: DaemonView) -> dict[str, int]:
+    """Every bounded read that hit its bound, summed over identities."""
+    transports = [w.client.transport for w in d.watchers.values()]
+    return {
+        "coder_bodies_cut": sum(t.oversize for t in transports),
+        "watch_handshake_timeouts": sum(t.handshake_timeouts for t in transports),
+        "incomplete_listings": sum(h.incomplete_listings for h in d.health.values()),
+        "event_buffer_overflows": sum(h.overflow for h in d.health.values()),
+        "receiver_answers_cut": READ_CAPS["receiver_answers"],
+    }
+
+
+def sharding_summary(d: DaemonView) -> dict[str, Any]:
+    """Which identities this replica watches and which replicas own the others."""
+    sh = d.config.sharding
+    owners = d.config.identity_owners()
+    return {
+        "replica": d.shard_index,
+        "replicas": sh.replicas,
+        "replication_factor": sh.replication_factor,
+        "watching": d.config.watching,
+        "owned": sorted(d.health),
+        "others": {name: reps for name, reps in sorted(owners.items()) if name not in d.health},
+        "owners": owners,
+    }
+
+
+def telemetry_summary(d: DaemonView) -> dict[str, Any]:
+    """Span pipeline and ingest counts, as /status and /metrics both show them."""
+    t = d.telemetry
+    export = t.export
+    return {
+        "events_accepted": t.sink.accepted,
+        "events_dropped": t.sink.dropped,
+        "event_queue_depth": t.sink.queue.qsize(),
+        "open_pairs": t.converter.open_pairs,
+        "converter": dict(t.converter.counters),
+        "spans_by_name": dict(t.by_name.most_common(20)),
+        "export": None
+        if export is None
+        else {
+            "submitted": export.submitted,
+            "exported": export.exported,
+            "failed": export.failed,
+            "dropped": export.dropped,
+            "in_flight": export.in_flight,
+        },
+        "ingest": dict(d.ingest_counts),
+    }
