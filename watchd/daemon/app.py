@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 import sqlite3
 import time
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ import aiohttp
 from watchd import __version__, logs
 from watchd.alerting import routing
 from watchd.alerting.dispatch import Dispatcher
-from watchd.alerting.model import Alert, AlertSink, fingerprint
+from watchd.alerting.model import Alert, AlertSink
 from watchd.alerting.receivers.build import build_all
 from watchd.alerting.silencing import Inhibitor, Silencer, from_config, silence_from_json
 from watchd.coder.transport import USER_AGENT
@@ -33,15 +32,13 @@ from watchd.config import (
     ConfigError,
     IdentityConfig,
     ResolvedSecrets,
-    load_config,
-    resolve_secrets,
     shard_index,
 )
-from watchd.daemon import reloading
+from watchd.daemon import reloading, view
 from watchd.daemon.heartbeat import Heartbeat
 from watchd.daemon.identities import Identities, plan
 from watchd.daemon.metrics import Metrics
-from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir
+from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir, open_state
 from watchd.daemon.sdnotify import SdNotifier, keep_informed
 from watchd.daemon.server import Server
 from watchd.daemon.silences_api import SilenceBook, SilencesApi
@@ -50,64 +47,16 @@ from watchd.daemon.supervisor import Supervisor
 from watchd.daemon.view import HISTORY_EVERY, ChatHistory
 from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
-from watchd.kits.tasks import TASKS
 from watchd.store.chats import ChatStore
-from watchd.store.lock import StateInUse, StateLock
-from watchd.store.persistence import StateDB
 from watchd.sweeping import Sweeper
-from watchd.telemetry.events import EventSink, EventSource, NullSink, own_source
+from watchd.telemetry.build import build_pipeline
+from watchd.telemetry.events import EventSink, EventSource, NullSink
 from watchd.telemetry.filesource import FileSource
-from watchd.telemetry.pipeline import SpanPipeline
-from watchd.telemetry.spans import SpanConverter
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
 log = logs.get("watchd.daemon")
 
-# Task kinds that belong to one identity: their crash loops make the identity unhealthy.
-IDENTITY_TASKS = frozenset({"watch", "reconcile", "quota", "confirm"})
 STOP_DEADLINES = {"server": 1.0, "watchers": 2.0, "core": 1.0, "flush": 2.0, "spans": 2.0}
-
-
-def build_telemetry(config: Config) -> SpanPipeline:
-    t = config.telemetry
-    kind = t.exporter_kind(dict(os.environ))
-    export = None
-    if kind != "none":
-        # The OpenTelemetry SDK (and OTLP/gRPC with protobuf) only when spans are exported:
-        # a sidecar that exports nothing never pays for importing it.
-        from watchd.telemetry.export import (
-            SpanExport,
-            build_exporter,
-            effective_otlp,
-            printable_endpoint,
-        )
-
-        exporter = build_exporter(
-            kind=kind, protocol=t.protocol, endpoint=t.endpoint, timeout=t.timeout
-        )
-        assert exporter is not None
-        export = SpanExport(
-            exporter,
-            max_queue_size=t.max_queue_size,
-            schedule_delay=t.schedule_delay,
-            batch_size=t.batch_size,
-        )
-    if kind == "otlp":
-        protocol, endpoint = effective_otlp(protocol=t.protocol, endpoint=t.endpoint)
-        log.info(
-            "telemetry.configured",
-            exporter=kind,
-            protocol=protocol,
-            endpoint=printable_endpoint(endpoint),
-            service_name=own_source("").service,
-        )
-    else:
-        log.info("telemetry.configured", exporter=kind)
-    return SpanPipeline(
-        converter=SpanConverter(horizon_ms=int(t.pair_horizon * 1000), max_open=t.max_open_pairs),
-        export=export,
-        queue_size=t.ingest_queue,
-    )
 
 
 class _Pending:
@@ -150,7 +99,7 @@ class Daemon:
         self.last_beat = time.monotonic()
         self.supervisor = Supervisor()
         self.store = ChatStore()
-        self.telemetry = build_telemetry(config)
+        self.telemetry = build_pipeline(config.telemetry)
         if events is not None:
             self.events: EventSink = events
         else:
@@ -158,19 +107,7 @@ class Daemon:
         self._settings_from_config = settings is None
         self.settings = settings or WatchSettings(reconcile_interval=config.reconcile_interval)
         self.last_reload: dict[str, Any] | None = None
-        try:
-            self.state_lock = StateLock.acquire(state_dir(config))
-        except StateInUse as exc:
-            raise StartupError(f"state_dir: {exc}") from None
-        except OSError as exc:
-            raise StartupError(f"state_dir: cannot lock {state_dir(config)} ({exc})") from None
-        try:
-            self.db = StateDB.open(state_dir(config) / "watchd.sqlite3")
-        except (OSError, sqlite3.Error) as exc:
-            self.state_lock.release()
-            raise StartupError(
-                f"state_dir: cannot open {state_dir(config) / 'watchd.sqlite3'} ({exc})"
-            ) from None
+        self.state_lock, self.db = open_state(state_dir(config))
         loaded = self.store.load(self.db.load_chats())
         self.detector = Detector(
             store=self.store,
@@ -342,34 +279,15 @@ class Daemon:
         return all(h.attempted_once for h in self.health.values())
 
     def status_line(self) -> str:
-        parts = []
-        for name, h in self.health.items():
-            parts.append(f"{name} {h.state}" + (f" ({h.last_list_chats})" if h.ready else ""))
-        return f"{'; '.join(parts)}; {len(self.detector.firing)} alerts firing"
+        return view.status_line(self)
 
     def progressing(self) -> bool:
         """The loop turns, no root task died, and no process-wide task is crash-looping
         (an identity's own tasks make that identity unhealthy instead)."""
-        return (
-            time.monotonic() - self.last_beat < 5.0
-            and not self.supervisor.dead_roots()
-            and not [n for n in TASKS.crash_looping() if n.split(":", 1)[0] not in IDENTITY_TASKS]
-        )
+        return not view.liveness_problems(self)
 
     def alive_and_seeing(self) -> str | None:
-        """None when the dead man's switch may say "alive": the loop makes progress, no
-        root task died, every identity is ready or its IdentityUnhealthy is firing, and
-        state persists. Otherwise why not."""
-        if not self.progressing():
-            return "the event loop or a root task is not making progress"
-        for name, h in self.health.items():
-            if h.ready:
-                continue
-            if fingerprint(h.deployment, name, "IdentityUnhealthy") not in self.detector.firing:
-                return f"identity {name} is {h.state} and not yet alerted"
-        if not self.db.persisting:
-            return "state is not persisting"
-        return None
+        return view.not_seeing(self)
 
     async def _systemd(self) -> None:
         await keep_informed(
@@ -382,13 +300,9 @@ class Daemon:
     async def reload(self) -> bool:
         """SIGHUP: apply a new config; an invalid one keeps the old one running."""
         self.notifier.reloading()
-        path = self.config_path
+        fixed = frozenset() if self._settings_from_config else frozenset({"reconcile_interval"})
         try:
-            if path is None:
-                raise ConfigError(["no configuration file to reload from"])
-            config = load_config(path)
-            secrets = resolve_secrets(config)
-            index = shard_index(config)
+            proposal = reloading.propose(self.config_path, self.config, fixed=fixed)
         except ConfigError as exc:
             self.reloads["rejected"] += 1
             log.error(
@@ -399,18 +313,7 @@ class Daemon:
             self.notifier.notify(READY="1", STATUS="reload rejected: " + exc.problems[0][:200])
             return False
         previous = self.config
-        paths = reloading.changed(previous, config)
-        restart = reloading.needs_restart(paths)
-        if not self._settings_from_config and "reconcile_interval" in paths:
-            restart.append("reconcile_interval")  # fixed by the embedding (the demo)
-        # Settings every watcher, detector verdict or quota poll reads at start: applying
-        # them means restarting each identity (clocks and firing alerts are kept).
-        everyone = any(
-            p == "reconcile_interval"
-            or p.startswith(("detection", "quota"))
-            or p == "chat_link_template"
-            for p in paths
-        )
+        config, secrets, index = proposal.config, proposal.secrets, proposal.index
         if self._settings_from_config:
             self.settings = dataclasses.replace(
                 self.settings, reconcile_interval=config.reconcile_interval
@@ -425,14 +328,13 @@ class Daemon:
         # its alerts firing there under the same fingerprints: handed over, not resolved.
         old_owned, new_owned = self.owned(), config.owned_identities(index)
         p = plan((self.config, self.secrets, old_owned), (config, secrets, new_owned))
-        removed, added, changed = p.removed, p.added, p.changed
         self.shard_index = index
         self.config, self.secrets = config, secrets
         await self.identities.apply(
             p,
             before={i.name: i for i in old_owned},
             after={i.name: i for i in new_owned},
-            restart_all=everyone,
+            restart_all=proposal.restart_identities,
             start=self.add_identity,
         )
         if previous.sweep != config.sweep:
@@ -448,31 +350,13 @@ class Daemon:
             )
             self.dispatcher.external_url = config.server.external_url
             self.metrics.receivers(list(self.dispatcher.notifiers))
-        applied = [p for p in paths if p not in restart]
         self.reloads["applied"] += 1
-        self.last_reload = {
-            "at": time.time(),
-            "applied": applied,
-            "needs_restart": restart,
-            "identities": {"added": added, "removed": removed, "changed": changed},
-        }
-        log.info(
-            "reload.applied",
-            settings=applied,
-            added=added,
-            removed=removed,
-            changed=changed,
-            needs_restart=restart,
+        self.last_reload = reloading.announce(
+            proposal, {"added": p.added, "removed": p.removed, "changed": p.changed}
         )
-        for setting in restart:
-            log.warning(
-                "reload.needs_restart",
-                setting=setting,
-                note="changed in the file but not applied: restart watchd to use it",
-            )
         status = self.status_line()
-        if restart:
-            status += f"; restart needed for {', '.join(restart)}"
+        if proposal.restart:
+            status += f"; restart needed for {', '.join(proposal.restart)}"
         self.notifier.notify(READY="1", STATUS=status)
         return True
 

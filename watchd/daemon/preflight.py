@@ -12,8 +12,12 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import sqlite3
 import tempfile
 from pathlib import Path
+
+from watchd.store.lock import StateInUse, StateLock
+from watchd.store.persistence import StateDB
 
 
 def effective_state_dir(configured: str) -> Path:
@@ -23,6 +27,25 @@ def effective_state_dir(configured: str) -> Path:
 
 class StartupError(Exception):
     """An operator-fixable reason the daemon cannot start; the message names the setting."""
+
+
+def open_state(directory: Path) -> tuple[StateLock, StateDB]:
+    """Lock ``state_dir`` (one daemon per directory) and open its database, or a
+    StartupError naming ``state_dir`` and why."""
+    try:
+        lock = StateLock.acquire(directory)
+    except StateInUse as exc:
+        raise StartupError(f"state_dir: {exc}") from None
+    except OSError as exc:
+        raise StartupError(f"state_dir: cannot lock {directory} ({exc})") from None
+    try:
+        db = StateDB.open(directory / "watchd.sqlite3")
+    except (OSError, sqlite3.Error) as exc:
+        lock.release()
+        raise StartupError(
+            f"state_dir: cannot open {directory / 'watchd.sqlite3'} ({exc})"
+        ) from None
+    return lock, db
 
 
 def check_state_dir(path: Path, *, setting: str = "state_dir") -> str | None:

@@ -1,7 +1,7 @@
 """The daemon's HTTP server: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
 
-Liveness is proved by the loop answering at all and by a heartbeat task the
-loop must keep running; readiness means what READY=1 means: every identity has had
+Liveness is proved by the loop answering at all, by a heartbeat task the loop
+must keep running and by no process-wide task crash-looping (``view.liveness_problems``); readiness means what READY=1 means: every identity has had
 its first seed attempt (one that failed is reported by IdentityUnhealthy and /status).
 """
 
@@ -19,12 +19,9 @@ from watchd.daemon.metrics import CONTENT_TYPE
 from watchd.daemon.silences_api import SilencesApi
 from watchd.daemon.status import StatusQuery, status_document
 from watchd.daemon.status_page import status_html
-from watchd.daemon.view import DaemonView
+from watchd.daemon.view import DaemonView, liveness_problems
 from watchd.secrets import REGISTRY
 from watchd.telemetry.ingest import IngestError, parse_batch
-
-# The heartbeat ticks every second; missing 5 means the loop or the supervisor is wedged.
-STALE_HEARTBEAT = 5.0
 
 
 class Server:
@@ -83,14 +80,7 @@ class Server:
             self._runner = None
 
     async def healthz(self, request: web.Request) -> web.Response:
-        d = self.daemon
-        problems = []
-        age = time.monotonic() - d.last_beat
-        if age > STALE_HEARTBEAT:
-            problems.append(f"event loop heartbeat is {age:.1f}s old")
-        dead = d.supervisor.dead_roots()
-        if dead:
-            problems.append(f"root tasks ended: {', '.join(sorted(dead))}")
+        problems = liveness_problems(self.daemon)
         if problems:
             return web.json_response({"ok": False, "problems": problems}, status=503)
         return web.json_response({"ok": True})

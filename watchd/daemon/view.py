@@ -9,12 +9,14 @@ so there is no second copy to drift. Nothing here reads a secret.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from watchd.alerting.dispatch import Dispatcher
+from watchd.alerting.model import fingerprint
 from watchd.alerting.receivers.base import READ_CAPS
 from watchd.alerting.silencing import Inhibitor, Silencer
 from watchd.config import Config, ResolvedSecrets
@@ -22,12 +24,18 @@ from watchd.daemon.heartbeat import Heartbeat
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
+from watchd.kits.tasks import TASKS, TaskRegistry
 from watchd.store.chats import ChatStore
 from watchd.store.persistence import StateDB
 from watchd.sweeping import Sweeper
 from watchd.telemetry.pipeline import SpanPipeline
 from watchd.watching.watcher import IdentityWatcher
 
+# The heartbeat ticks every second; missing 5 means the loop or the supervisor is wedged.
+STALE_HEARTBEAT = 5.0
+# Task kinds that belong to one identity: their crash loops make the identity unhealthy
+# (IdentityUnhealthy); any other task's crash loop makes the process unhealthy.
+IDENTITY_TASKS = frozenset({"watch", "reconcile", "quota", "confirm"})
 HISTORY_WINDOW = 3600.0  # the status chart's span: the last hour
 HISTORY_EVERY = 30.0  # one sample of chats-by-status per identity this often
 
@@ -82,6 +90,46 @@ class DaemonView(Protocol):
 
     def ready(self) -> bool: ...
     def settled(self) -> bool: ...
+
+
+def liveness_problems(d: DaemonView, registry: TaskRegistry = TASKS) -> list[str]:
+    """Why the process is not live (``/healthz`` 503, no WATCHDOG=1), or nothing: the
+    loop's heartbeat is fresh, no root task ended, no process-wide task crash-loops."""
+    problems = []
+    age = time.monotonic() - d.last_beat
+    if age > STALE_HEARTBEAT:
+        problems.append(f"event loop heartbeat is {age:.1f}s old")
+    dead = d.supervisor.dead_roots()
+    if dead:
+        problems.append(f"root tasks ended: {', '.join(sorted(dead))}")
+    looping = [n for n in registry.crash_looping() if n.split(":", 1)[0] not in IDENTITY_TASKS]
+    if looping:
+        problems.append(f"tasks crash-looping: {', '.join(looping)}")
+    return problems
+
+
+def not_seeing(d: DaemonView) -> str | None:
+    """None when the dead man's switch may say "alive": the process is live, every
+    identity is ready or its IdentityUnhealthy is firing, and state persists. Otherwise
+    why not."""
+    if liveness_problems(d):
+        return "the event loop or a root task is not making progress"
+    for name, h in d.health.items():
+        if h.ready:
+            continue
+        if fingerprint(h.deployment, name, "IdentityUnhealthy") not in d.detector.firing:
+            return f"identity {name} is {h.state} and not yet alerted"
+    if not d.db.persisting:
+        return "state is not persisting"
+    return None
+
+
+def status_line(d: DaemonView) -> str:
+    """systemd's STATUS=: each identity's state and the number of alerts firing."""
+    parts = []
+    for name, h in d.health.items():
+        parts.append(f"{name} {h.state}" + (f" ({h.last_list_chats})" if h.ready else ""))
+    return f"{'; '.join(parts)}; {len(d.detector.firing)} alerts firing"
 
 
 @dataclass
