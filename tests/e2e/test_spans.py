@@ -223,7 +223,8 @@ async def test_flood_is_refused_and_counted_watchers_unaffected(
 async def test_file_source_follows_rotation(
     otlp: OtlpReceiver, tmp_path: Path, start_sim: StartSim, start_daemon: StartDaemon
 ) -> None:
-    """Events appended to a JSON-lines file become spans, across a rotation."""
+    """Events appended to a JSON-lines file become spans, across a rotation; the bad line
+    and the rotation are counted in /status and /metrics."""
     log = tmp_path / "events.jsonl"
     log.write_text("")
     sim = start_sim()
@@ -249,6 +250,13 @@ async def test_file_source_follows_rotation(
     await eventually(lambda: len(otlp.named("chat.segment")) == 2, within=10)
     assert {s.resource["service.name"] for s in otlp.named("chat.segment")} == {"file-agent"}
     assert any(e.get("event") == "file_source.bad_line" for e in d.log_events())
+    # The bad line and the rotation are counted where an operator sees them.
+    [source] = (await d.status())["telemetry"]["file_sources"]
+    assert (source["bad_lines"], source["rotations"]) == (1, 1)
+    _, metrics = await d.get("/metrics")
+    counted = [line for line in str(metrics).splitlines() if line.startswith("watchd_file_source")]
+    assert f'watchd_file_source_lines_total{{outcome="bad",path="{log}"}} 1.0' in counted
+    assert f'watchd_file_source_rotations_total{{path="{log}"}} 1.0' in counted
 
 
 async def test_otlp_http_configured_by_otel_env(

@@ -354,6 +354,22 @@ class _Live(Collector):
             ),
             t["open_pairs"],
         )
+        lines = _counter(
+            "watchd_file_source_lines_total",
+            "Lines read from telemetry.sources files, and those rejected (bad or too long).",
+            ["path", "outcome"],
+        )
+        rotations = _counter(
+            "watchd_file_source_rotations_total",
+            "Times a telemetry.sources file was rotated or truncated under watchd.",
+            ["path"],
+        )
+        for f in t["file_sources"]:
+            lines.add_metric([f["path"], "read"], f["lines"])
+            lines.add_metric([f["path"], "bad"], f["bad_lines"])
+            rotations.add_metric([f["path"]], f["rotations"])
+        yield lines
+        yield rotations
         conv = _counter("watchd_span_converter_total", "Converter activity by kind.", ["kind"])
         for k, v in sorted(t["converter"].items()):
             conv.add_metric([k], v)

@@ -1,8 +1,10 @@
 """The daemon's HTTP server: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
 
 Liveness is proved by the loop answering at all, by a heartbeat task the loop
-must keep running and by no process-wide task crash-looping (``view.liveness_problems``); readiness means what READY=1 means: every identity has had
-its first seed attempt (one that failed is reported by IdentityUnhealthy and /status).
+must keep running and by no process-wide task crash-looping
+(``view.liveness_problems``); readiness means what READY=1 means: every identity has
+had its first seed attempt (one that failed is reported by IdentityUnhealthy and
+/status).
 """
 
 from __future__ import annotations

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from watchd import logs
-from watchd.kits.tasks import TASKS, guard
+from watchd.kits.tasks import guard
 
 log = logs.get("watchd.supervisor")
 
@@ -30,8 +30,6 @@ class Supervised:
     group: str
     task: asyncio.Task[None]
     root: bool
-    restarts: int = 0
-    crashed: bool = field(default=False)
 
 
 class Supervisor:
@@ -60,16 +58,9 @@ class Supervisor:
         try:
             await guard(name, factory, kind=_kind(name), restart=restart)
         finally:
-            st = TASKS.tasks.get(name)
-            if name in self.tasks and st is not None:
-                self.tasks[name].restarts = st.restarts
-                self.tasks[name].crashed = st.crashes_in_a_row > 0 and not restart
             if root and not self.root_ended.is_set():
                 self.ended_by = name
                 self.root_ended.set()
-
-    def alive(self) -> dict[str, bool]:
-        return {n: not s.task.done() for n, s in self.tasks.items()}
 
     def dead_roots(self) -> list[str]:
         return [n for n, s in self.tasks.items() if s.root and s.task.done()]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from watchd.kits.tasks import TASKS, TaskRegistry
 from watchd.store.chats import ChatStore
 from watchd.store.persistence import StateDB
 from watchd.sweeping import Sweeper
+from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline
 from watchd.watching.watcher import IdentityWatcher
 
@@ -79,6 +80,8 @@ class DaemonView(Protocol):
     def deadman(self) -> Heartbeat | None: ...
     @property
     def telemetry(self) -> SpanPipeline: ...
+    @property
+    def file_sources(self) -> Sequence[FileSource]: ...
     @property
     def ingest_counts(self) -> Mapping[str, int]: ...
     @property
@@ -197,4 +200,13 @@ def telemetry_summary(d: DaemonView) -> dict[str, Any]:
             "in_flight": export.in_flight,
         },
         "ingest": dict(d.ingest_counts),
+        "file_sources": [
+            {
+                "path": str(f.path),
+                "lines": f.lines,
+                "bad_lines": f.bad_lines,
+                "rotations": f.rotations,
+            }
+            for f in d.file_sources
+        ],
     }
