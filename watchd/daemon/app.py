@@ -42,6 +42,7 @@ from watchd.daemon.preflight import StartupError, bind_problem, effective_state_
 from watchd.daemon.sdnotify import SdNotifier, keep_informed
 from watchd.daemon.server import Server
 from watchd.daemon.silences_api import SilenceBook, SilencesApi
+from watchd.daemon.spans import build_pipeline
 from watchd.daemon.statewatch import StateWatch
 from watchd.daemon.supervisor import Supervisor
 from watchd.daemon.view import HISTORY_EVERY, ChatHistory
@@ -49,7 +50,6 @@ from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
 from watchd.store.chats import ChatStore
 from watchd.sweeping import Sweeper
-from watchd.telemetry.build import build_pipeline
 from watchd.telemetry.events import EventSink, EventSource, NullSink
 from watchd.telemetry.filesource import FileSource
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
