@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import time
 from collections.abc import Callable, Mapping
 
 from watchd import logs
@@ -85,11 +84,12 @@ async def keep_informed(
     progressing: Callable[[], bool],
 ) -> None:
     """READY=1 once settled, STATUS= on change, WATCHDOG=1 while the loop progresses."""
+    loop = asyncio.get_running_loop()
     interval = n.watchdog_interval
     tick = min(0.5, interval / 2) if interval else 0.5
     announced = False
     last_status = ""
-    last_ping = 0.0
+    last_ping = -float("inf")  # the first ping goes out at once
     while True:
         status = status_line()
         if not announced and settled():
@@ -98,7 +98,7 @@ async def keep_informed(
         elif announced and status != last_status:
             n.status(status)
             last_status = status
-        now = time.monotonic()
+        now = loop.time()
         if interval and now - last_ping >= interval and progressing():
             n.watchdog()
             last_ping = now

@@ -86,6 +86,7 @@ async def guard(
     cap: float = 60.0,
     healthy_after: float = HEALTHY_AFTER,
     registry: TaskRegistry = TASKS,
+    rng: random.Random | None = None,
 ) -> None:
     """Run ``factory()`` under the guard. A crash is logged with its traceback and, with
     ``restart``, retried after a backoff (``base`` doubling to ``cap``, reset once a run
@@ -93,7 +94,7 @@ async def guard(
     a finite one may simply end. Cancellation always ends the guard."""
     st = registry.state(name, kind or name)
     st.up = True
-    rng = random.Random()
+    rng = rng or random.Random()
     loop = asyncio.get_running_loop()
     try:
         while True:
