@@ -184,8 +184,14 @@ async def _healthz_during_renders(d: Any, renders: int = 10) -> dict[str, list[f
     import sys
 
     from watchd.daemon.server import Server
+    from watchd.daemon.silences_api import SilencesApi
 
-    server = Server(d, listen="127.0.0.1:0")
+    server = Server(
+        d,
+        listen="127.0.0.1:0",
+        silences=SilencesApi(d.silences, lambda: None),
+        render_metrics=d.metrics.render,
+    )
     bound = await server.start()
     stop = asyncio.Event()
 
