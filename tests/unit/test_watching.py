@@ -71,7 +71,7 @@ async def test_frames_decode_in_every_era(sim: Sim, session: aiohttp.ClientSessi
     conn = await open_watch(t, prefix, reader=1, attempt=1)
     got: asyncio.Queue[WatchEvent] = asyncio.Queue()
     # Keep reading (as the watcher does) so protocol pings are answered.
-    pump = asyncio.ensure_future(conn.pump(got.put_nowait))
+    pump = asyncio.ensure_future(conn.pump(lambda events: [got.put_nowait(e) for e in events]))
     await asyncio.sleep(0.7)
     chat = sim.state.add_chat(alice, status="running")
     sim.state.set_status(chat.id, "waiting")
@@ -94,7 +94,7 @@ async def test_malformed_frame_asks_for_resync(sim: Sim, session: aiohttp.Client
     sim.state.faults.malformed_next = 1
     sim.state.add_chat(alice)
     with pytest.raises(ResyncNeeded):
-        await asyncio.wait_for(conn.pump(lambda event: None), 2)
+        await asyncio.wait_for(conn.pump(lambda events: None), 2)
     await conn.close()
 
 
@@ -118,7 +118,7 @@ async def test_protocol_pings_keep_a_quiet_socket_alive(
     sim.state.ping_interval = 0.2
     alice = sim.state.add_user("alice")
     conn = await open_watch(transport(sim, alice, session), "/api/v2", reader=1, attempt=1)
-    reading = asyncio.ensure_future(conn.pump(lambda event: None))
+    reading = asyncio.ensure_future(conn.pump(lambda events: None))
     await asyncio.sleep(1.0)
     assert not conn.ws.closed and not reading.done()
     reading.cancel()

@@ -86,7 +86,8 @@ class ToolCall:
     tool_name: str
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, like Chat: one is built per watch frame.
+@dataclass(slots=True)
 class WatchEvent:
     kind: str
     chat: Chat

@@ -278,7 +278,8 @@ class Transport:
                         url,
                         headers=self._headers(),
                         heartbeat=heartbeat,
-                        autoping=True,
+                        # Pings are answered by the reader (watchstream.pump).
+                        autoping=False,
                         timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
                         max_msg_size=1 << 20,
                     )

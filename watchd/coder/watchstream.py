@@ -15,12 +15,15 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from watchd.coder.errors import CoderError
-from watchd.coder.models import MalformedFrame, ServerFrameError, WatchEvent, parse_watch_frame
+from watchd.coder.models import MalformedFrame, ServerFrameError, WatchEvent
 from watchd.coder.transport import Transport
+from watchd.coder.wire import read_frame
 
 # Coder pings every 15 s and gives up after 15 s without a pong; our own
 # ping on a 20 s cadence notices a dead TCP path within ~30 s.
 DEFAULT_HEARTBEAT = 20.0
+# Events handed over in one call at most (aiohttp's read-ahead bounds a burst anyway).
+MAX_BURST = 1_000
 
 
 class ResyncNeeded(Exception):
@@ -47,56 +50,85 @@ class WatchConnection:
     malformed: int = 0
     _closed: bool = field(default=False)
 
-    async def pump(self, on_event: Callable[[WatchEvent], None]) -> None:
-        """Decode frames and hand each event to ``on_event`` until the connection ends
-        (raises StreamClosed / ResyncNeeded, or whatever ``on_event`` raises).
+    async def pump(self, on_events: Callable[[list[WatchEvent]], None]) -> None:
+        """Decode frames and hand them to ``on_events`` a burst at a time until the
+        connection ends (raises StreamClosed / ResyncNeeded, or whatever ``on_events``
+        raises).
 
-        One coroutine for the connection's life, a plain call per event: no async
-        generator or future per frame on the hot path.
+        A burst is what aiohttp had already read off the socket: frames are collected
+        while its queue holds more, then handed over in one call, so the store and the
+        detector pay their per-call costs once per burst rather than once per frame.
+        Whatever ends the connection first delivers the events decoded before it. One
+        coroutine for the connection's life, no async generator or future per frame.
         """
         receive = self.ws.receive
+        # aiohttp's queue of messages already read off the socket (private: without it
+        # every burst is one frame, which is correct, only slower). The socket is dialled
+        # with autoping off, so every queued message comes out of receive() and a
+        # non-empty queue means receive() returns at once.
+        queue = getattr(self.ws, "_reader", None)
         text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
-        while True:
-            try:
-                msg = await receive()
-            except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
-                # e.g. answering a ping on a transport the server is already closing
-                raise StreamClosed(1006, f"{type(exc).__name__}: {exc}") from None
-            kind = msg.type
-            if kind is text or kind is binary:
+        ping = aiohttp.WSMsgType.PING
+        burst: list[WatchEvent] = []
+        try:
+            while True:
                 try:
-                    event = parse_watch_frame(msg.data)
-                except MalformedFrame as exc:
-                    self.malformed += 1
-                    self.transport.emit_ws(
-                        "ws:error",
-                        reader=self.reader,
-                        attempt=self.attempt,
-                        message=f"malformed frame: {exc}"[:300],
-                    )
-                    raise ResyncNeeded(str(exc)) from None
-                except ServerFrameError as exc:
-                    self.transport.emit_ws(
-                        "ws:error",
-                        reader=self.reader,
-                        attempt=self.attempt,
-                        message=f"server error frame: {exc}"[:300],
-                    )
-                    raise ResyncNeeded(f"server reported: {exc}") from None
-                if event is None:
-                    self.pings += 1
-                    continue
-                self.events += 1
-                on_event(event)
-            elif kind in (
-                aiohttp.WSMsgType.CLOSE,
-                aiohttp.WSMsgType.CLOSING,
-                aiohttp.WSMsgType.CLOSED,
-            ):
-                code = self.ws.close_code
-                raise StreamClosed(code, str(msg.extra or ""))
-            elif kind == aiohttp.WSMsgType.ERROR:
-                raise StreamClosed(1006, f"{type(msg.data).__name__}: {msg.data}")
+                    msg = await receive()
+                except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
+                    raise StreamClosed(1006, f"{type(exc).__name__}: {exc}") from None
+                kind = msg.type
+                if kind is text or kind is binary:
+                    try:
+                        event = read_frame(msg.data)
+                    except MalformedFrame as exc:
+                        self.malformed += 1
+                        self.transport.emit_ws(
+                            "ws:error",
+                            reader=self.reader,
+                            attempt=self.attempt,
+                            message=f"malformed frame: {exc}"[:300],
+                        )
+                        raise ResyncNeeded(str(exc)) from None
+                    except ServerFrameError as exc:
+                        self.transport.emit_ws(
+                            "ws:error",
+                            reader=self.reader,
+                            attempt=self.attempt,
+                            message=f"server error frame: {exc}"[:300],
+                        )
+                        raise ResyncNeeded(f"server reported: {exc}") from None
+                    if event is None:
+                        self.pings += 1
+                    else:
+                        self.events += 1
+                        burst.append(event)
+                elif kind is ping:
+                    # Answered here, not inside receive() (autoping is off): so receive()
+                    # never waits while frames are queued, and a burst is never held back.
+                    if burst:
+                        events, burst = burst, []
+                        on_events(events)
+                    try:
+                        await self.ws.pong(msg.data)
+                    except (aiohttp.ClientError, ConnectionError) as exc:
+                        # the server is already closing the transport
+                        raise StreamClosed(1006, f"{type(exc).__name__}: {exc}") from None
+                elif kind in (
+                    aiohttp.WSMsgType.CLOSE,
+                    aiohttp.WSMsgType.CLOSING,
+                    aiohttp.WSMsgType.CLOSED,
+                ):
+                    code = self.ws.close_code
+                    raise StreamClosed(code, str(msg.extra or ""))
+                elif kind == aiohttp.WSMsgType.ERROR:
+                    raise StreamClosed(1006, f"{type(msg.data).__name__}: {msg.data}")
+                if burst and (len(burst) >= MAX_BURST or not getattr(queue, "_size", 0)):
+                    events, burst = burst, []
+                    on_events(events)
+        except (StreamClosed, ResyncNeeded):
+            if burst:
+                on_events(burst)
+            raise
 
     async def close(self, *, code: int | None = None, reason: str = "") -> None:
         """Close once, emitting the connection's single ``ws:close``."""

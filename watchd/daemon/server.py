@@ -23,7 +23,7 @@ from watchd.daemon.status import StatusQuery, status_document
 from watchd.daemon.status_page import status_html
 from watchd.daemon.view import DaemonView, liveness_problems
 from watchd.secrets import REGISTRY
-from watchd.telemetry.ingest import IngestError, parse_batch
+from watchd.telemetry.ingest import IngestError, parse_batch_off_loop
 
 
 class Server:
@@ -148,7 +148,9 @@ class Server:
             limit = self.daemon.config.server.max_body_bytes
             return web.json_response({"error": f"body larger than {limit} bytes"}, status=413)
         try:
-            batch = parse_batch(body, content_type=request.content_type, query=request.query)
+            batch = await parse_batch_off_loop(
+                body, content_type=request.content_type, query=request.query
+            )
         except (IngestError, UnicodeDecodeError) as exc:
             counts["rejected"] += 1
             return web.json_response({"error": str(exc)}, status=400)

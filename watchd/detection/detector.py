@@ -237,9 +237,13 @@ class Detector:
     # -- changes from watchers ----------------------------------------------------
 
     def apply(self, identity: str, changes: Iterable[Change]) -> None:
-        # Runs once per watch event and per changed listing row: keep it lean.
+        # Runs once per burst of watch events and per listing page: keep it lean, and
+        # decide about waking the loop once, after the whole batch is armed.
         db = self.db
         by_chat = self._by_chat
+        w = self.watched.get(identity)
+        arm = self._arm_clocks
+        armed = False
         for change in changes:
             rec = change.record
             kind = change.kind
@@ -278,7 +282,14 @@ class Detector:
                     identity=identity,
                     note="treated as active with the default budget",
                 )
-            self._arm(rec)
+            if w is not None:
+                arm(w, rec)
+                armed = True
+        if armed:
+            nxt = self.timers.next_deadline()
+            if nxt is not None and nxt < self._next_wake:
+                # Only a deadline earlier than the loop's planned wake-up needs a wake-up.
+                self._wake.set()
 
     def _arm(self, rec: ChatRecord) -> None:
         w = self.watched.get(rec.identity)

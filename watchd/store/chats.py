@@ -29,7 +29,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, NewType
 
-from watchd.coder.models import TITLE_MAX, Chat, ChatError, flatten, parse_chat, timestamp
+from watchd.coder.models import (
+    TITLE_MAX,
+    Chat,
+    ChatError,
+    WatchEvent,
+    flatten,
+    parse_chat,
+    timestamp,
+)
 
 Identity = NewType("Identity", str)
 ChatKey = tuple[str, str]  # (identity, chat id)
@@ -73,9 +81,10 @@ class ChatRecord:
         return (self.identity, self.chat_id)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, like ChatRecord: one is built per change (every transition on the stream).
+@dataclass(slots=True)
 class Change:
-    """What an observation did to the store."""
+    """What an observation did to the store (treated as immutable)."""
 
     kind: str  # new | transition | refresh | tombstone
     record: ChatRecord
@@ -148,7 +157,9 @@ class ChatStore:
         Archived chats are tombstoned. Returns None when nothing changed or the
         observation was stale.
         """
-        recs = self._by_identity.setdefault(identity, {})
+        recs = self._by_identity.get(identity)
+        if recs is None:
+            recs = self._by_identity[identity] = {}
         old = recs.get(chat.id)
         chat = self._sane(identity, chat, now=now)
         if self._absent:
@@ -229,6 +240,18 @@ class ChatStore:
         )
         recs[chat.id] = rec
         return Change("refresh", rec, old)
+
+    def observe_events(
+        self, identity: str, events: Iterable[WatchEvent], *, now: float
+    ) -> list[Change]:
+        """A burst of watch events, in order: what :meth:`observe` makes of each."""
+        observe = self.observe
+        changes: list[Change] = []
+        for event in events:
+            change = observe(identity, event.chat, now=now, via="watch", kind=event.kind)
+            if change is not None:
+                changes.append(change)
+        return changes
 
     def _sane(self, identity: str, chat: Chat, *, now: float) -> Chat:
         """``chat`` with an ``updated_at`` that can serve as a clock: one past server-now
@@ -334,52 +357,53 @@ class ChatStore:
         previous: ChatRecord | None = None,
     ) -> ChatRecord:
         # Older eras' watch payloads are minimal: keep what we knew rather than erase it.
+        # Positional (in field order): this runs once per transition.
         if previous is not None:
             p = previous
+            status = chat.status
+            queued = chat.queued_for_capacity
+            full = bool(chat.client_type)  # only a full payload says these are now clear
             return ChatRecord(
-                identity=p.identity,
-                chat_id=p.chat_id,
-                status=chat.status,
-                since=since,
-                clock=clock,
-                updated_at=chat.updated_at if chat.updated_at is not None else p.updated_at,
-                seen_at=now,
-                owner=chat.owner_username or p.owner,
-                title=chat.title or p.title,
-                workspace_id=chat.workspace_id or p.workspace_id,
-                parent_id=chat.parent_chat_id or p.parent_id,
-                labels=chat.labels or p.labels,
-                last_error=chat.last_error if chat.status == "error" else None,
-                queued_for_capacity=chat.queued_for_capacity
-                if chat.queued_for_capacity is not None
-                else p.queued_for_capacity,
-                version=version,
-                mode=chat.mode or p.mode,
-                client_type=chat.client_type or p.client_type,
-                # Only a full payload (a GET, a listing row) says these are now clear.
-                context_error=chat.context_error if chat.client_type else p.context_error,
-                warnings=chat.warnings if chat.client_type else p.warnings,
+                p.identity,
+                p.chat_id,
+                status,
+                since,
+                clock,
+                chat.updated_at if chat.updated_at is not None else p.updated_at,
+                now,
+                chat.owner_username or p.owner,
+                chat.title or p.title,
+                chat.workspace_id or p.workspace_id,
+                chat.parent_chat_id or p.parent_id,
+                chat.labels or p.labels,
+                chat.last_error if status == "error" else None,
+                queued if queued is not None else p.queued_for_capacity,
+                version,
+                chat.mode or p.mode,
+                chat.client_type or p.client_type,
+                chat.context_error if full else p.context_error,
+                chat.warnings if full else p.warnings,
             )
         return ChatRecord(
-            identity=identity,
-            chat_id=chat.id,
-            status=chat.status,
-            since=since,
-            clock=clock,
-            updated_at=chat.updated_at,
-            seen_at=now,
-            owner=chat.owner_username or chat.owner_id,
-            title=chat.title,
-            workspace_id=chat.workspace_id,
-            parent_id=chat.parent_chat_id,
-            labels=chat.labels[:16],
-            last_error=chat.last_error,
-            queued_for_capacity=chat.queued_for_capacity,
-            version=version,
-            mode=chat.mode,
-            client_type=chat.client_type,
-            context_error=chat.context_error,
-            warnings=chat.warnings,
+            identity,
+            chat.id,
+            chat.status,
+            since,
+            clock,
+            chat.updated_at,
+            now,
+            chat.owner_username or chat.owner_id,
+            chat.title,
+            chat.workspace_id,
+            chat.parent_chat_id,
+            chat.labels[:16],
+            chat.last_error,
+            chat.queued_for_capacity,
+            version,
+            chat.mode,
+            chat.client_type,
+            chat.context_error,
+            chat.warnings,
         )
 
 

@@ -5,17 +5,30 @@ newline-delimited JSON, each line an envelope or a bare event (bare events
 take their sender from the ``service``/``instance``/``agent`` query
 parameters). The whole batch is validated before any of it is accepted; the
 first problem is reported naming its line (NDJSON) or index and its field.
+
+Decoded with orjson; whatever orjson refuses goes to the stdlib decoder, so what was
+accepted before (``NaN``, integers past 64 bits, lone surrogates) still is and every
+error reads as before. The daemon parses large bodies in one worker thread
+(:func:`parse_batch_off_loop`): a flood of batches then costs the event loop GIL
+turns of at most the switch interval, not whole batches.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import orjson
 
 from watchd.telemetry.events import EventSource
 
 MAX_EVENTS_PER_BATCH = 10_000
+# Bodies at least this large are parsed off the loop (a small one costs less than the
+# hand-off to the thread).
+OFF_LOOP_BYTES = 16 * 1024
 _NUM = (int, float)
 
 # Required fields per type, and their JSON types (bool excluded from numbers).
@@ -124,6 +137,38 @@ def parse_batch(
         raise IngestError(f"body: not UTF-8 (byte {exc.start})") from None
 
 
+_executor: ThreadPoolExecutor | None = None
+
+
+async def parse_batch_off_loop(
+    body: bytes, *, content_type: str, query: Mapping[str, str]
+) -> list[tuple[EventSource, dict[str, Any]]]:
+    """:func:`parse_batch` in the one ingest worker thread for a large body (inline for a
+    small one): the same result and the same IngestError, without holding the loop."""
+    if len(body) < OFF_LOOP_BYTES:
+        return parse_batch(body, content_type=content_type, query=query)
+    global _executor
+    if _executor is None:
+        # One thread: batches queue behind each other there, and the loop competes for the
+        # GIL with one parser rather than a pool of them.
+        _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-parse")
+    sender = {k: query[k] for k in ("service", "instance", "agent") if k in query}
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(
+        _executor,
+        # Plain values, not aiohttp's proxy: the thread must not touch loop objects.
+        lambda: parse_batch(body, content_type=content_type, query=sender),
+    )
+
+
+def _loads(text: str) -> Any:
+    """orjson, or the stdlib's answer where orjson refuses (see the module docstring)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
 def _parse_batch(
     body: bytes, *, content_type: str, query: Mapping[str, str]
 ) -> list[tuple[EventSource, dict[str, Any]]]:
@@ -141,7 +186,7 @@ def _parse_batch(
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = _loads(line)
             except json.JSONDecodeError as exc:
                 raise IngestError(f"line {n}: not JSON ({exc.msg})") from None
             if isinstance(obj, dict) and "events" in obj:
@@ -158,7 +203,7 @@ def _parse_batch(
             raise IngestError("batch: no events")
         return out
     try:
-        obj = json.loads(text)
+        obj = _loads(text)
     except json.JSONDecodeError as exc:
         raise IngestError(f"body: not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(obj, dict):

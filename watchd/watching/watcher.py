@@ -246,7 +246,7 @@ class IdentityWatcher:
         # stream is dropped and relisted.
         self._buffer = []
         self._dirty = None
-        pump = asyncio.create_task(conn.pump(self._on_event), name=f"watch:{self.name}")
+        pump = asyncio.create_task(conn.pump(self._on_events), name=f"watch:{self.name}")
         listing: asyncio.Task[None] | None = None
         try:
             listing = asyncio.create_task(self.relist(), name=f"seed:{self.name}")
@@ -255,8 +255,8 @@ class IdentityWatcher:
                 pump.result()  # the stream ended or broke during the listing: raises
             listing.result()
             buffered, self._buffer = self._buffer, None
-            for event in buffered:
-                self._apply(event)
+            if buffered:
+                self._apply_burst(buffered)
             dirty, self._dirty = self._dirty, None
             if dirty:
                 self._reread(dirty)
@@ -296,29 +296,32 @@ class IdentityWatcher:
             await conn.close(code=close_code, reason=reason)
             self.health.malformed += conn.malformed
 
-    def _on_event(self, event: WatchEvent) -> None:
+    def _on_events(self, events: list[WatchEvent]) -> None:
+        """A burst of events from the socket: applied together, or held while a listing
+        runs."""
         buffer = self._buffer
         if buffer is None:
-            self._apply(event)
+            self._apply_burst(events)
             return
-        dirty = self._dirty
-        if dirty is not None:
-            dirty.add(event.chat.id)
-            if len(dirty) > self.settings.dirty_limit:
-                raise ResyncNeeded("too many chats changed during the listing")
-            return
-        buffer.append(event)
-        if len(buffer) > self.settings.buffer_limit:
-            # Keep which chats moved, not every event: they are re-read after the listing.
-            self.health.overflow += 1
-            self._dirty = {e.chat.id for e in buffer}
-            buffer.clear()
-            log.info(
-                "watch.buffer_overflow",
-                identity=self.name,
-                buffered=self.settings.buffer_limit,
-                note="keeping the ids of the chats that change; they are re-read after",
-            )
+        for event in events:
+            dirty = self._dirty
+            if dirty is not None:
+                dirty.add(event.chat.id)
+                if len(dirty) > self.settings.dirty_limit:
+                    raise ResyncNeeded("too many chats changed during the listing")
+                continue
+            buffer.append(event)
+            if len(buffer) > self.settings.buffer_limit:
+                # Keep which chats moved, not every event: they are re-read after the listing.
+                self.health.overflow += 1
+                self._dirty = {e.chat.id for e in buffer}
+                buffer.clear()
+                log.info(
+                    "watch.buffer_overflow",
+                    identity=self.name,
+                    buffered=self.settings.buffer_limit,
+                    note="keeping the ids of the chats that change; they are re-read after",
+                )
 
     def _reread(self, dirty: set[str]) -> None:
         """Chats whose events overflowed the buffer: a few are read by GET (as absent
@@ -331,13 +334,13 @@ class IdentityWatcher:
         log.info("watch.reread", identity=self.name, chats=len(dirty), by_listing=self._relist_now)
         self._absent_wake.set()
 
-    def _apply(self, event: WatchEvent) -> None:
-        self.health.events += 1
-        change = self.store.observe(
-            self.name, event.chat, now=self.health.server_clock.now(), via="watch", kind=event.kind
-        )
-        if change is not None:
-            self.detector.apply(self.name, (change,))
+    def _apply_burst(self, events: list[WatchEvent]) -> None:
+        """Events read in one go: one store pass and one detector pass, observed at one
+        server-clock instant (they arrived together)."""
+        self.health.events += len(events)
+        changes = self.store.observe_events(self.name, events, now=self.health.server_clock.now())
+        if changes:
+            self.detector.apply(self.name, changes)
 
     # -- reconcile ----------------------------------------------------------------
 

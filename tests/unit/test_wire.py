@@ -1,0 +1,228 @@
+"""The fast decoder (msgspec structs) agrees with the tolerant reader on every payload."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+
+from watchd.coder.errors import PayloadError
+from watchd.coder.models import (
+    MalformedFrame,
+    ServerFrameError,
+    WatchEvent,
+    parse_chat,
+    parse_watch_frame,
+)
+from watchd.coder.wire import decode_frame, decode_page, read_frame, to_chat
+
+CHAT: dict[str, Any] = {
+    "id": "0b7c0000-0000-4000-8000-000000000001",
+    "status": "running",
+    "updated_at": "2026-09-20T08:14:55.123456789Z",
+    "created_at": "2026-09-20T08:01:12Z",
+    "owner_id": "u1",
+    "owner_username": "alice",
+    "organization_id": "o1",
+    "workspace_id": "w1",
+    "title": "Fix it",
+    "labels": {"ticket": "OPS-12", "a": "b"},
+    "mode": "explore",
+    "client_type": "ui",
+    "context": {"error": "too long"},
+    "warnings": ["w1", "w2"],
+    "some_future_field": {"nested": [1, 2.5, None]},
+}
+
+
+def _with(**kw: Any) -> dict[str, Any]:
+    chat = dict(CHAT)
+    for k, v in kw.items():
+        if v is ...:
+            chat.pop(k, None)
+        else:
+            chat[k] = v
+    return chat
+
+
+# Chat payloads the fast decoder must read exactly as parse_chat does, or hand back.
+CHATS: list[dict[str, Any]] = [
+    CHAT,
+    {"id": "c1", "status": "waiting"},  # minimal (older eras)
+    _with(updated_at="2026-09-20T08:14:55+02:00"),  # an offset, as coderd may send
+    _with(updated_at="2026-09-20T08:14:55"),  # zone-less: UTC
+    _with(updated_at=""),
+    _with(updated_at=None),
+    _with(updated_at="yesterday"),
+    _with(updated_at=12),
+    _with(id=""),
+    _with(id=None),
+    _with(id=7),
+    _with(status=""),
+    _with(status=3),
+    _with(title="x" * 250),
+    _with(title=None),
+    _with(title=5),
+    _with(owner_id=None, owner_username=None),
+    _with(owner_id=12),
+    _with(workspace_id=""),
+    _with(workspace_id=None),
+    _with(workspace_id=3),
+    _with(parent_chat_id="p1", root_chat_id=""),
+    _with(archived=True),
+    _with(archived=None),
+    _with(archived="yes"),
+    _with(labels=None),
+    _with(labels={}),
+    _with(labels={"n": 1}),
+    _with(labels=[1]),
+    _with(queued_for_capacity=True),
+    _with(queued_for_capacity=False),
+    _with(queued_for_capacity="yes"),
+    _with(status="error", last_error="provider exploded"),
+    _with(status="error", last_error=""),
+    _with(status="error", last_error={}),
+    _with(
+        status="error",
+        last_error={
+            "message": "m" * 600,
+            "detail": "d",
+            "kind": "rate_limit",
+            "provider": "anthropic",
+            "retryable": True,
+            "status_code": 429,
+        },
+    ),
+    _with(status="error", last_error={"message": "m", "status_code": True}),
+    _with(status="error", last_error={"message": "m", "status_code": 429.0}),
+    _with(status="error", last_error={"message": 5}),
+    _with(status="error", last_error=["x"]),
+    _with(mode="hibernating_mode_from_the_future_with_a_long_name_indeed"),
+    _with(mode=""),
+    _with(mode=3),
+    _with(client_type=None),
+    _with(context=None),
+    _with(context={"error": 4}),
+    _with(context=[]),
+    _with(context={"error": "e" * 400}),
+    _with(warnings=None),
+    _with(warnings=[]),
+    _with(warnings=["w" * 300] * 7),
+    _with(warnings=[1, {"a": 1}]),
+    _with(warnings="one"),
+    _with(created_at=None),
+    _with(created_at=""),
+    _with(created_at=5),
+    _with(children=[_with(id="k1", parent_chat_id=CHAT["id"])]),
+    _with(children=[_with(id="k1", children=[_with(id="k2")])]),
+    _with(children=[None]),
+    _with(children=[_with(id="k1", updated_at="yesterday")]),
+    _with(children={}),
+    _with(children=[]),
+]
+
+ENVELOPE = {"type": "data", "data": {"kind": "status_change", "chat": CHAT}}
+
+
+def _frames() -> list[str | bytes]:
+    out: list[str | bytes] = [json.dumps({"kind": "status_change", "chat": c}) for c in CHATS]
+    out += [
+        json.dumps({"kind": "created", "chat": CHAT, "tool_calls": [{"tool_call_id": "t1"}]}),
+        json.dumps(
+            {
+                "kind": "action_required",
+                "chat": CHAT,
+                "tool_calls": [{"tool_call_id": "t1", "tool_name": "ask"}, {}],
+            }
+        ),
+        json.dumps({"kind": "x", "chat": CHAT, "tool_calls": [5, {"tool_call_id": "t"}]}),
+        json.dumps({"kind": "x", "chat": CHAT, "tool_calls": {"tool_call_id": "t"}}),
+        json.dumps({"kind": "x", "chat": CHAT, "tool_calls": [{"tool_call_id": 5}]}),
+        json.dumps({"kind": "x", "chat": CHAT, "tool_calls": None}),
+        json.dumps({"kind": "hibernated", "chat": CHAT}) + "\n",
+        json.dumps(ENVELOPE),
+        json.dumps({"kind": "status_change", "type": "data", "chat": CHAT}),
+        json.dumps({"kind": None, "type": "data", "data": {"kind": "x", "chat": CHAT}}),
+        '{"type":"ping"}',
+        '{"type":"error","data":{"message":"subscribe failed"}}',
+        '{"type":"weird"}',
+        '{"type":"data","data":[1]}',
+        '{"kind": "status_change", "chat": {"id": 42',
+        "[1,2]",
+        '"hello"',
+        "null",
+        "",
+        '{"kind": 3}',
+        '{"kind": ""}',
+        '{"kind": "x"}',
+        '{"kind": "x", "chat": null}',
+        '{"kind": "x", "chat": []}',
+        '{"kind":"status_change","chat":{"status":"running"}}',
+        '{"kind":"x","chat":{"id":"c1","status":"running","title":"\\ud800"}}',
+        '{"kind":"x","chat":{"id":"c1","status":"running"}} trailing',
+        '{"kind":"x","chat":{"id":"c1","status":"running","n":NaN}}',
+        b"\xff\xfe",
+        b'{"kind":"x","chat":{"id":"c1","status":"\xff"}}',
+    ]
+    return out
+
+
+FRAMES = _frames()
+
+
+def _outcome(fn: Any, frame: str | bytes) -> tuple[str, Any]:
+    try:
+        return ("ok", fn(frame))
+    except (MalformedFrame, ServerFrameError) as exc:
+        return (type(exc).__name__, str(exc))
+
+
+@pytest.mark.parametrize("frame", FRAMES, ids=[str(i) for i in range(len(FRAMES))])
+def test_fast_frame_decoding_agrees_with_the_tolerant_reader(frame: str | bytes) -> None:
+    """Every frame yields the same event, keepalive or error by either path; the fast
+    decoder only ever accepts what the tolerant reader reads the same way."""
+    slow = _outcome(parse_watch_frame, frame)
+    assert _outcome(read_frame, frame) == slow
+    fast = decode_frame(frame)
+    if fast is not None:
+        assert slow == ("ok", fast)
+    if isinstance(frame, str):
+        assert _outcome(read_frame, frame.encode()) == slow
+
+
+@pytest.mark.parametrize("chat", CHATS, ids=[str(i) for i in range(len(CHATS))])
+def test_fast_rows_agree_with_parse_chat(chat: dict[str, Any]) -> None:
+    """A listing row decoded by the fast path is the record parse_chat builds, or is
+    handed back (None) for parse_chat to accept, coerce or reject."""
+    try:
+        slow: Any = parse_chat(chat)
+    except PayloadError:
+        slow = PayloadError
+    rows = decode_page(orjson.dumps([chat]))
+    if rows is None:
+        return
+    fast = to_chat(rows[0])
+    if fast is not None:
+        assert fast == slow
+
+
+def test_the_well_typed_payloads_take_the_fast_path() -> None:
+    """What coderd sends (full, minimal, offsets, errors, children) is read without the
+    tolerant reader, so the fast path is the one that runs."""
+    for chat in (CHATS[0], CHATS[1], CHATS[2], CHATS[-6], CHATS[-5]):
+        assert decode_frame(json.dumps({"kind": "status_change", "chat": chat})) is not None
+    event = decode_frame(FRAMES[len(CHATS) + 1])
+    assert isinstance(event, WatchEvent)
+    assert [(c.tool_call_id, c.tool_name) for c in event.tool_calls] == [("t1", "ask"), ("", "")]
+
+
+def test_ignored_fields_are_not_validated_by_the_fast_path() -> None:
+    """The one documented difference: an out-of-range number inside a field watchd never
+    reads no longer fails the frame (coderd's encoder cannot write one)."""
+    frame = '{"kind":"x","chat":{"id":"c1","status":"running","n":1e400}}'
+    with pytest.raises(MalformedFrame):
+        parse_watch_frame(frame)
+    event = read_frame(frame)
+    assert event is not None and event.chat.id == "c1"

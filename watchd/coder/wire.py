@@ -1,0 +1,198 @@
+"""The fast decoder for watch frames and listing pages: JSON straight into the fields
+the store needs (msgspec structs, untracked by the garbage collector), no dict per row.
+
+It only ever *accepts* what the tolerant readers in :mod:`watchd.coder.models` would
+read the same way, and it never rejects anything itself: a payload that does not fit
+the well-typed shape coderd sends (a number where a string belongs, an era-A envelope,
+an empty id, a timestamp ``fromisoformat`` cannot read) answers None here, and the
+caller hands the raw bytes to the tolerant reader, which accepts, coerces or rejects
+it exactly as before. ``tests/unit/test_wire.py`` pins the two paths together.
+
+One difference is deliberate: fields watchd never reads are skipped without
+validating them, so a number out of double range or nesting deeper than orjson's
+1 024 levels *inside an ignored field* no longer fails the frame. coderd's encoder
+cannot produce either (Go's ``encoding/json`` refuses ±Inf; its structs nest a few
+levels).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from watchd.coder.models import (
+    _KINDS,
+    TITLE_MAX,
+    Chat,
+    ChatError,
+    ChatId,
+    ToolCall,
+    WatchEvent,
+    parse_watch_frame,
+    timestamp,
+)
+
+# Every field optional and nullable: coderd omits false booleans and nil pointers, and
+# older eras send minimal payloads. Types are the ones coderd sends; anything else is a
+# ValidationError, i.e. "ask the tolerant reader".
+
+
+class WireError(msgspec.Struct, gc=False):
+    message: str | None = None
+    detail: str | None = None
+    kind: str | None = None
+    provider: str | None = None
+    retryable: bool | None = None
+    status_code: int | None = None
+
+
+class WireContext(msgspec.Struct, gc=False):
+    error: str | None = None
+
+
+class WireChat(msgspec.Struct, gc=False):
+    id: str | None = None
+    status: str | None = None
+    updated_at: str | None = None
+    created_at: str | None = None
+    owner_id: str | None = None
+    owner_username: str | None = None
+    organization_id: str | None = None
+    workspace_id: str | None = None
+    parent_chat_id: str | None = None
+    root_chat_id: str | None = None
+    title: str | None = None
+    archived: bool | None = None
+    labels: dict[str, str] | None = None
+    last_error: WireError | str | None = None
+    queued_for_capacity: bool | None = None
+    children: list[WireChat] | None = None
+    mode: str | None = None
+    client_type: str | None = None
+    context: WireContext | None = None
+    warnings: list[str] | None = None
+
+
+class WireToolCall(msgspec.Struct, gc=False):
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+
+
+class WireEvent(msgspec.Struct, gc=False):
+    kind: str | None = None
+    chat: WireChat | None = None
+    tool_calls: list[WireToolCall] | None = None
+
+
+_event_decoder = msgspec.json.Decoder(WireEvent)
+_page_decoder = msgspec.json.Decoder(list[WireChat])
+_NO_CALLS: tuple[ToolCall, ...] = ()
+
+
+def decode_frame(data: str | bytes) -> WatchEvent | None:
+    """A watch frame as an event, or None when only the tolerant reader can say what it
+    is (a keepalive, an envelope, anything malformed or oddly typed)."""
+    try:
+        w = _event_decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    kind = w.kind
+    wchat = w.chat
+    if not kind or wchat is None:
+        return None
+    chat = to_chat(wchat)
+    if chat is None:
+        return None
+    calls = w.tool_calls
+    if not calls:
+        return WatchEvent(kind, chat)
+    return WatchEvent(
+        kind,
+        chat,
+        tuple(ToolCall(c.tool_call_id or "", c.tool_name or "") for c in calls),
+    )
+
+
+def decode_page(body: bytes) -> list[WireChat] | None:
+    """A listing page as rows, or None when only the tolerant reader can judge it."""
+    try:
+        return _page_decoder.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+def to_chat(w: WireChat) -> Chat | None:
+    """The record :func:`watchd.coder.models.parse_chat` would build, or None where it
+    would coerce, truncate differently or raise (then it must be asked instead)."""
+    chat_id = w.id
+    status = w.status
+    if not chat_id or not status:
+        return None
+    updated_raw = w.updated_at
+    updated_at: float | None = None
+    if updated_raw:
+        try:
+            updated_at = timestamp(updated_raw)
+        except ValueError:
+            return None
+    children: tuple[Chat, ...] = ()
+    if w.children:
+        kids = []
+        for c in w.children:
+            kid = to_chat(c)
+            if kid is None:
+                return None
+            kids.append(kid)
+        children = tuple(kids)
+    labels = w.labels
+    err = w.last_error
+    last_error: ChatError | None = None
+    if err is not None and err != "":
+        if type(err) is str:
+            last_error = ChatError(message=err[:500])
+        else:
+            assert isinstance(err, WireError)
+            last_error = ChatError(
+                message=(err.message or "")[:500],
+                detail=(err.detail or "")[:500],
+                kind=err.kind or "generic",
+                provider=err.provider or "",
+                retryable=err.retryable is True,
+                status_code=err.status_code,
+            )
+    mode = w.mode
+    client_type = w.client_type
+    context = w.context
+    context_error = context.error if context is not None else None
+    warnings = w.warnings
+    title = w.title
+    return Chat(
+        ChatId(chat_id),
+        status,
+        updated_at,
+        None,
+        w.owner_id or "",
+        w.owner_username or "",
+        w.organization_id or "",
+        w.workspace_id or None,
+        w.parent_chat_id or None,
+        w.root_chat_id or None,
+        title[:TITLE_MAX] if title else "",
+        w.archived is True,
+        tuple(sorted(labels.items())) if labels else (),
+        last_error,
+        w.queued_for_capacity,
+        children,
+        _KINDS[mode] if mode else "",
+        _KINDS[client_type] if client_type else "",
+        context_error[:300] if context_error else "",
+        tuple(x[:200] for x in warnings[:5]) if warnings else (),
+        w.created_at,
+    )
+
+
+def read_frame(data: str | bytes) -> WatchEvent | None:
+    """One watch-socket message → an event, or None for a keepalive: the fast decoder
+    when the frame fits it, else the tolerant reader (which raises MalformedFrame or
+    ServerFrameError exactly as :func:`watchd.coder.models.parse_watch_frame` does)."""
+    event = decode_frame(data)
+    return event if event is not None else parse_watch_frame(data)
