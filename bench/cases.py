@@ -340,12 +340,12 @@ def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
     costs nothing."""
     import orjson
 
-    from watchd.clock import ServerClock
     from watchd.coder.client import CoderClient
     from watchd.coder.transport import Response
     from watchd.config import Budgets
     from watchd.detection.detector import Detector
     from watchd.detection.health import IdentityHealth
+    from watchd.kits.clock import ServerClock
     from watchd.sim.state import SimState
     from watchd.store.chats import ChatStore
     from watchd.watching.watcher import IdentityWatcher, WatchSettings

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from watchd import __version__, logs
+from watchd import __version__
 from watchd.alerting import routing
 from watchd.config import (
     DEFAULT_CONFIG_PATH,
@@ -29,7 +29,8 @@ from watchd.config import (
     resolve_secrets,
     shard_index,
 )
-from watchd.secrets import REGISTRY
+from watchd.kits import logs
+from watchd.kits.redaction import REGISTRY
 
 # SIGTERM must end the process well inside Kubernetes' and systemd's grace period;
 # if the ordered shutdown hangs past this, the process exits hard.
@@ -88,7 +89,7 @@ def _preflight(config: Config) -> list[str]:
 def _sharding_report(config: Config, replicas: int | None) -> dict[str, Any]:
     """Who owns which identity with ``replicas`` replicas (the configured count by
     default), and why HA refuses direct receivers."""
-    from watchd.sharding import assignment, owned_by
+    from watchd.kits.sharding import assignment, owned_by
 
     sh = config.sharding
     n = replicas if replicas is not None else sh.replicas

@@ -28,8 +28,9 @@ from pydantic import (
     model_validator,
 )
 
-from watchd import secrets, sharding
-from watchd.matchers import MatcherError, parse_matcher
+from watchd import secrets
+from watchd.kits import sharding
+from watchd.kits.matchers import MatcherError, parse_matcher
 
 DEFAULT_CONFIG_PATH = "/etc/watchd/watchd.yaml"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

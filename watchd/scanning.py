@@ -14,13 +14,13 @@ from typing import Any
 
 import aiohttp
 
-from watchd.clock import ServerClock
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.transport import Transport
 from watchd.config import Config, ResolvedSecrets, format_duration
 from watchd.detection.budgets import alert_name, budget
 from watchd.detection.diagnosis import Facts, hint
+from watchd.kits.clock import ServerClock
 from watchd.store.chats import ChatStore
 from watchd.sweeping import compile_policies, match_policy
 

@@ -2,60 +2,21 @@
 systemd credential name resolved under ``$CREDENTIALS_DIRECTORY``.
 
 Errors name the reference (path, variable, credential), never the content.
-Every secret read is registered with :data:`REGISTRY` so the log pipeline can
-scrub it from any line as a last line of defence.
+Every secret read is registered with :data:`watchd.kits.redaction.REGISTRY`
+so the log pipeline can scrub it from any line as a last line of defence.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import threading
 from pathlib import Path
+
+from watchd.kits.redaction import REGISTRY
 
 
 class SecretError(ValueError):
     """A secret reference that cannot be resolved; the message names the reference only."""
-
-
-class SecretRegistry:
-    """Known secret values, for redaction. Values shorter than 6 chars are not
-    registered: scrubbing them would mangle ordinary words in logs."""
-
-    def __init__(self) -> None:
-        self._values: set[str] = set()
-        self._lock = threading.Lock()
-
-    def add(self, value: str) -> None:
-        if len(value) >= 6:
-            with self._lock:
-                self._values.add(value)
-        if "://" in value:
-            self._add_url_parts(value)
-
-    def _add_url_parts(self, url: str) -> None:
-        """A URL that is a secret (Slack's webhook, a heartbeat ping URL) leaks by its parts
-        too: an answer may quote its path or its key segment without the host."""
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(url)
-        pieces = [parts.path + (f"?{parts.query}" if parts.query else "")]
-        pieces += [seg for seg in parts.path.split("/") if len(seg) >= 16]
-        pieces += [kv.split("=", 1)[-1] for kv in parts.query.split("&") if len(kv) >= 16]
-        with self._lock:
-            self._values.update(p for p in pieces if len(p) >= 16)
-
-    def scrub(self, text: str) -> str:
-        for value in self._values:
-            if value in text:
-                text = text.replace(value, "[REDACTED]")
-        return text
-
-    def __contains__(self, text: object) -> bool:
-        return isinstance(text, str) and any(v in text for v in self._values)
-
-
-REGISTRY = SecretRegistry()
 
 
 def read_secret_file(path: str | os.PathLike[str], *, what: str) -> str:

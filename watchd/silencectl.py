@@ -21,7 +21,7 @@ import aiohttp
 
 from watchd import secrets
 from watchd.config import ConfigError, load_config, parse_duration, resolve_admin_token
-from watchd.matchers import MatcherError, parse_matchers
+from watchd.kits.matchers import MatcherError, parse_matchers
 
 TOKEN_ENV = "WATCHD_ADMIN_TOKEN"
 

@@ -29,14 +29,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from watchd import logs
 from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.transport import RateLimiter
 from watchd.config import SweepConfig, SweepPolicy
 from watchd.detection.health import IdentityHealth
-from watchd.matchers import Matcher, all_match, parse_matchers
+from watchd.kits import logs
+from watchd.kits.matchers import Matcher, all_match, parse_matchers
+from watchd.kits.ratelimit import RateLimiter
 from watchd.store.chats import ChatRecord, ChatStore
 from watchd.store.persistence import StateDB, SweepEntry
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from watchd.config import ConfigError, parse_config, parse_duration, resolve_secrets
-from watchd.secrets import REGISTRY
+from watchd.kits.redaction import REGISTRY
 
 
 def base(**extra: object) -> dict[str, object]:

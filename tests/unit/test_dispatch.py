@@ -13,7 +13,7 @@ from watchd.alerting.model import Alert
 from watchd.alerting.receivers.base import Notification, NotifyError, Rate
 from watchd.alerting.silencing import Inhibitor, Silence, Silencer
 from watchd.config import InhibitRule, RouteConfig
-from watchd.matchers import parse_matchers
+from watchd.kits.matchers import parse_matchers
 from watchd.store.persistence import StateDB
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from watchd.clock import ServerClock
 from watchd.detection.health import IdentityHealth
+from watchd.kits.clock import ServerClock
 
 
 def _health() -> IdentityHealth:

@@ -179,10 +179,10 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
     leaves the chat's own clock alone, and resolves after announce_for — also when the
     daemon restarted in between."""
     from watchd.alerting.model import Alert
-    from watchd.clock import ServerClock
     from watchd.config import Budgets
     from watchd.detection.detector import Detector
     from watchd.detection.health import IdentityHealth
+    from watchd.kits.clock import ServerClock
     from watchd.store.persistence import StateDB
     from watchd.sweeping import Sweeper
 

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from watchd.config import ConfigError, parse_config, shard_index
-from watchd.sharding import assignment, ordinal, owned_by, owners, score
+from watchd.kits.sharding import assignment, ordinal, owned_by, owners, score
 
 NAMES = [f"team-{i:03d}" for i in range(1000)]
 

@@ -12,13 +12,13 @@ import pytest
 
 from watchd.alerting.model import Alert
 from watchd.alerting.silencing import Silence
-from watchd.clock import ServerClock
 from watchd.config import parse_config, resolve_secrets
 from watchd.daemon import status
 from watchd.daemon.app import Daemon
 from watchd.daemon.status import StatusQuery, chart_svg, status_document, status_html
 from watchd.detection.health import IdentityHealth
-from watchd.matchers import parse_matchers
+from watchd.kits.clock import ServerClock
+from watchd.kits.matchers import parse_matchers
 
 N = 20_000
 DEPLOYMENT = "https://coder.example.com"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from watchd.config import ConfigError, load_config, parse_config
-from watchd.matchers import MatcherError, parse_matcher
+from watchd.kits.matchers import MatcherError, parse_matcher
 
 
 def base(**extra: object) -> dict[str, object]:

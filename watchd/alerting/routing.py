@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from watchd.config import RouteConfig
-from watchd.matchers import Matcher, all_match, parse_matchers
+from watchd.kits.matchers import Matcher, all_match, parse_matchers
 
 DEFAULT_GROUP_BY = ("identity", "alertname", "status")
 DEFAULT_GROUP_WAIT = 30.0

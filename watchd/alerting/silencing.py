@@ -17,7 +17,7 @@ from typing import Any
 
 from watchd.alerting.model import Alert
 from watchd.config import InhibitRule, SilenceConfig
-from watchd.matchers import Matcher, all_match, parse_matchers
+from watchd.kits.matchers import Matcher, all_match, parse_matchers
 
 
 @dataclass(frozen=True)

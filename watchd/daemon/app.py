@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 import aiohttp
 
-from watchd import __version__, logs
+from watchd import __version__
 from watchd.alerting import routing
 from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import Alert, AlertSink, fingerprint
@@ -34,10 +34,9 @@ from watchd.alerting.silencing import (
     from_config,
     silence_from_json,
 )
-from watchd.clock import ServerClock
 from watchd.coder.client import CoderClient
 from watchd.coder.models import Chat
-from watchd.coder.transport import USER_AGENT, RateLimiter, Transport
+from watchd.coder.transport import USER_AGENT, Transport
 from watchd.config import (
     Config,
     ConfigError,
@@ -59,6 +58,9 @@ from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth
+from watchd.kits import logs
+from watchd.kits.clock import ServerClock
+from watchd.kits.ratelimit import RateLimiter
 from watchd.kits.tasks import TASKS
 from watchd.store.chats import ChatRecord, ChatStore
 from watchd.store.lock import StateInUse, StateLock

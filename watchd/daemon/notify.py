@@ -12,7 +12,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-from watchd import logs
+from watchd.kits import logs
 
 log = logs.get("watchd.notify")
 

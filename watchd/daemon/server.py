@@ -19,8 +19,8 @@ from watchd.alerting.silencing import Silence, new_id
 from watchd.config import parse_duration
 from watchd.daemon.metrics import CONTENT_TYPE
 from watchd.daemon.status import StatusQuery, status_document, status_html
-from watchd.matchers import MatcherError, parse_matchers
-from watchd.secrets import REGISTRY
+from watchd.kits.matchers import MatcherError, parse_matchers
+from watchd.kits.redaction import REGISTRY
 from watchd.telemetry.ingest import IngestError, parse_batch
 
 if TYPE_CHECKING:

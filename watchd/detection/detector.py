@@ -24,9 +24,7 @@ from typing import Protocol
 
 import structlog
 
-from watchd import logs
 from watchd.alerting.model import Alert, AlertSink, fingerprint, resolution
-from watchd.clock import SystemClock, WallClock
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES, Chat
 from watchd.config import Budgets, format_duration
@@ -34,6 +32,8 @@ from watchd.detection.budgets import alert_name, budget
 from watchd.detection.diagnosis import INVALID_HINT, Facts, hint
 from watchd.detection.health import IdentityHealth
 from watchd.detection.timers import TimerHeap
+from watchd.kits import logs
+from watchd.kits.clock import SystemClock, WallClock
 from watchd.kits.tasks import CRASH_LOOP, TASKS, spawn
 from watchd.store.chats import (
     CLOCK_LOWER_BOUND,
