@@ -342,7 +342,7 @@ def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
 
     from watchd.coder.client import CoderClient
     from watchd.coder.transport import Response
-    from watchd.config import Budgets
+    from watchd.config.watching import Budgets
     from watchd.detection.detector import Detector
     from watchd.detection.health import IdentityHealth
     from watchd.kits.clock import ServerClock

@@ -29,7 +29,8 @@ def status_page(n: int) -> list[Row]:
 
 async def _status_page(n: int) -> list[Row]:
     from watchd.alerting.model import Alert
-    from watchd.config import parse_config, resolve_secrets
+    from watchd.config.loading import parse_config
+    from watchd.config.secrets import resolve_secrets
     from watchd.daemon import status
     from watchd.daemon.app import Daemon
     from watchd.detection.health import IdentityHealth

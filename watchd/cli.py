@@ -20,15 +20,11 @@ from typing import Any
 
 from watchd import __version__
 from watchd.alerting import routing
-from watchd.config import (
-    DEFAULT_CONFIG_PATH,
-    Config,
-    ConfigError,
-    ResolvedSecrets,
-    load_config,
-    resolve_secrets,
-    shard_index,
-)
+from watchd.config.fields import ConfigError
+from watchd.config.loading import DEFAULT_CONFIG_PATH, load_config
+from watchd.config.model import Config
+from watchd.config.process import shard_index
+from watchd.config.secrets import ResolvedSecrets, resolve_secrets
 from watchd.kits import logs
 from watchd.kits.redaction import REGISTRY
 

@@ -16,7 +16,9 @@ import tempfile
 import time
 from typing import TextIO
 
-from watchd.config import Config, parse_config, resolve_secrets
+from watchd.config.loading import parse_config
+from watchd.config.model import Config
+from watchd.config.secrets import resolve_secrets
 from watchd.daemon.app import Daemon
 from watchd.daemon.preflight import StartupError, check_listen
 from watchd.sim.scenarios import demo as demo_scenario

@@ -17,7 +17,9 @@ import aiohttp
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.transport import Transport
-from watchd.config import Config, ResolvedSecrets, format_duration
+from watchd.config.fields import format_duration
+from watchd.config.model import Config
+from watchd.config.secrets import ResolvedSecrets
 from watchd.detection.budgets import alert_name, budget
 from watchd.detection.diagnosis import Facts, hint
 from watchd.kits.clock import ServerClock

@@ -19,8 +19,10 @@ from typing import Any
 
 import aiohttp
 
-from watchd import secrets
-from watchd.config import ConfigError, load_config, parse_duration, resolve_admin_token
+from watchd.config import secrets
+from watchd.config.fields import ConfigError, parse_duration
+from watchd.config.loading import load_config
+from watchd.config.secrets import resolve_admin_token
 from watchd.kits.matchers import MatcherError, parse_matchers
 
 TOKEN_ENV = "WATCHD_ADMIN_TOKEN"

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.config import SweepConfig, SweepPolicy
+from watchd.config.sweep import SweepConfig, SweepPolicy
 from watchd.detection.health import IdentityHealth
 from watchd.kits import logs
 from watchd.kits.matchers import Matcher, all_match, parse_matchers

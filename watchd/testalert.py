@@ -15,7 +15,8 @@ import aiohttp
 from watchd.alerting.model import Alert, fingerprint
 from watchd.alerting.receivers.base import Notification, NotifyError
 from watchd.alerting.receivers.build import build_one
-from watchd.config import Config, ResolvedSecrets
+from watchd.config.model import Config
+from watchd.config.secrets import ResolvedSecrets
 
 
 async def send(config: Config, secrets: ResolvedSecrets, receiver: str) -> int:

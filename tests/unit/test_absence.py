@@ -17,7 +17,7 @@ from tests.unit.test_watching import eventually, watching
 from watchd.coder.client import CoderClient, Listing
 from watchd.coder.errors import CoderError
 from watchd.coder.transport import Transport
-from watchd.config import Budgets
+from watchd.config.watching import Budgets
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts, hint
 from watchd.detection.health import IdentityHealth

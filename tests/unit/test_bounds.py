@@ -117,7 +117,8 @@ def test_unknown_statuses_share_one_metrics_series(
     """Fifty distinct status strings from a server become one `other` series (counted),
     not fifty: the metrics label space stays bounded."""
     from watchd.coder.models import Chat, ChatId
-    from watchd.config import parse_config, resolve_secrets
+    from watchd.config.loading import parse_config
+    from watchd.config.secrets import resolve_secrets
     from watchd.daemon.app import Daemon
 
     monkeypatch.setenv("WATCHD_TEST_TOKEN", "token-value-0123456789")

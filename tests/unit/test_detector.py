@@ -13,7 +13,7 @@ import pytest
 from watchd.alerting.model import Alert
 from watchd.coder.errors import CoderError
 from watchd.coder.models import Chat, ChatId, WorkspaceBuild
-from watchd.config import Budgets
+from watchd.config.watching import Budgets
 from watchd.detection.detector import BURST_LOOKUPS, Detector
 from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth

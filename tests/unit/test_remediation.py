@@ -10,7 +10,10 @@ import pytest
 
 from tests.conftest import Sim
 from watchd.coder.models import Chat, ChatId
-from watchd.config import ConfigError, QuotaConfig, SweepConfig, parse_config
+from watchd.config.fields import ConfigError
+from watchd.config.loading import parse_config
+from watchd.config.sweep import SweepConfig
+from watchd.config.watching import QuotaConfig
 from watchd.store.chats import ChatStore
 from watchd.sweeping import compile_policies, match_policy
 
@@ -179,7 +182,7 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
     leaves the chat's own clock alone, and resolves after announce_for — also when the
     daemon restarted in between."""
     from watchd.alerting.model import Alert
-    from watchd.config import Budgets
+    from watchd.config.watching import Budgets
     from watchd.detection.detector import Detector
     from watchd.detection.health import IdentityHealth
     from watchd.kits.clock import ServerClock

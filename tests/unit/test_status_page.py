@@ -12,7 +12,8 @@ import pytest
 
 from watchd.alerting.model import Alert
 from watchd.alerting.silencing import Silence
-from watchd.config import parse_config, resolve_secrets
+from watchd.config.loading import parse_config
+from watchd.config.secrets import resolve_secrets
 from watchd.daemon import status
 from watchd.daemon.app import Daemon
 from watchd.daemon.status import StatusQuery, chart_svg, status_document, status_html

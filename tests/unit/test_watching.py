@@ -18,7 +18,7 @@ from watchd.coder.errors import CoderError
 from watchd.coder.models import WatchEvent
 from watchd.coder.transport import Transport
 from watchd.coder.watchstream import ResyncNeeded, open_watch
-from watchd.config import Budgets
+from watchd.config.watching import Budgets
 from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
 from watchd.kits.clock import ServerClock

@@ -37,15 +37,12 @@ from watchd.alerting.silencing import (
 from watchd.coder.client import CoderClient
 from watchd.coder.models import Chat
 from watchd.coder.transport import USER_AGENT, Transport
-from watchd.config import (
-    Config,
-    ConfigError,
-    IdentityConfig,
-    ResolvedSecrets,
-    load_config,
-    resolve_secrets,
-    shard_index,
-)
+from watchd.config.fields import ConfigError
+from watchd.config.loading import load_config
+from watchd.config.model import Config
+from watchd.config.process import shard_index
+from watchd.config.secrets import ResolvedSecrets, resolve_secrets
+from watchd.config.watching import IdentityConfig
 from watchd.daemon import reloading
 from watchd.daemon.heartbeat import Heartbeat
 from watchd.daemon.metrics import Metrics
@@ -654,7 +651,7 @@ class Daemon:
 
     @staticmethod
     def _reread_token(ident: IdentityConfig) -> str:
-        from watchd import secrets
+        from watchd.config import secrets
 
         return secrets.resolve(
             file=ident.token_file,

@@ -21,7 +21,7 @@ import aiohttp
 
 from watchd.alerting.model import Alert, fingerprint
 from watchd.alerting.receivers.base import MAX_ANSWER, Notification, Notifier, NotifyError
-from watchd.config import HeartbeatConfig
+from watchd.config.process import HeartbeatConfig
 from watchd.kits import logs
 
 log = logs.get("watchd.heartbeat")

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from watchd.config import Config
+from watchd.config.model import Config
 
 # Settings the running process cannot take over: the listening socket and its request
 # size limit, the span exporter (and its SDK threads), where state lives.

@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 
 from watchd.alerting.silencing import Silence, new_id
-from watchd.config import parse_duration
+from watchd.config.fields import parse_duration
 from watchd.daemon.metrics import CONTENT_TYPE
 from watchd.daemon.status import StatusQuery, status_document, status_html
 from watchd.kits.matchers import MatcherError, parse_matchers

@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 
 from watchd.alerting.model import Alert, live
 from watchd.alerting.receivers.base import READ_CAPS
-from watchd.config import format_duration
+from watchd.config.fields import format_duration
 
 if TYPE_CHECKING:
     from watchd.daemon.app import Daemon

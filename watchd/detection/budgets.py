@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
-from watchd.config import Budgets
+from watchd.config.watching import Budgets
 
 
 def status_class(status: str) -> str:

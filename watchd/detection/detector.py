@@ -27,7 +27,8 @@ import structlog
 from watchd.alerting.model import Alert, AlertSink, fingerprint, resolution
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES, Chat
-from watchd.config import Budgets, format_duration
+from watchd.config.fields import format_duration
+from watchd.config.watching import Budgets
 from watchd.detection.budgets import alert_name, budget
 from watchd.detection.diagnosis import INVALID_HINT, Facts, hint
 from watchd.detection.health import IdentityHealth

@@ -14,7 +14,7 @@ import time
 from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.config import QuotaConfig
+from watchd.config.watching import QuotaConfig
 from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
 from watchd.kits import logs
