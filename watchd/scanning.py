@@ -23,8 +23,8 @@ from watchd.config.secrets import ResolvedSecrets
 from watchd.detection.budgets import alert_name, budget
 from watchd.detection.diagnosis import Facts, hint
 from watchd.kits.clock import ServerClock
+from watchd.remediation.policies import compile_policies, match_policy
 from watchd.store.chats import ChatStore
-from watchd.sweeping import compile_policies, match_policy
 
 # Diagnosis costs up to three requests per chat; past this many stuck chats per
 # identity the scan reports them without a hint rather than hammer Coder.

@@ -14,8 +14,8 @@ from watchd.config.fields import ConfigError
 from watchd.config.loading import parse_config
 from watchd.config.sweep import SweepConfig
 from watchd.config.watching import QuotaConfig
+from watchd.remediation.policies import compile_policies, match_policy
 from watchd.store.chats import ChatStore
-from watchd.sweeping import compile_policies, match_policy
 
 
 @pytest.mark.parametrize(
@@ -186,8 +186,8 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
     from watchd.detection.detector import Detector
     from watchd.detection.health import IdentityHealth
     from watchd.kits.clock import ServerClock
+    from watchd.remediation.sweeper import Sweeper
     from watchd.store.persistence import StateDB
-    from watchd.sweeping import Sweeper
 
     class Sink:
         def __init__(self) -> None:

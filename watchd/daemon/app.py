@@ -59,10 +59,10 @@ from watchd.kits import logs
 from watchd.kits.clock import ServerClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.kits.tasks import TASKS
+from watchd.remediation.sweeper import Sweeper
 from watchd.store.chats import ChatRecord, ChatStore
 from watchd.store.lock import StateInUse, StateLock
 from watchd.store.persistence import StateDB
-from watchd.sweeping import Sweeper
 from watchd.telemetry.events import EventSink, EventSource, NullSink, own_source
 from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline
