@@ -7,6 +7,7 @@ minutes, so stuck, stranded and resolved chats all show within a minute.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -157,7 +158,8 @@ async def _narrate(daemon: Daemon, out: TextIO) -> None:
             )
 
 
-def main(duration: float, listen: str) -> int:
+def main(args: argparse.Namespace) -> int:
+    duration, listen = args.duration, args.listen
     busy = check_listen(listen, setting="--listen")
     if busy:
         print(f"watchd demo: cannot start: {busy}; pick another with --listen", file=sys.stderr)
