@@ -23,7 +23,7 @@ from watchd.commands.configuring import load_config_or_report
 from watchd.config.fields import format_duration
 from watchd.config.model import Config
 from watchd.config.secrets import ResolvedSecrets, resolve_secrets
-from watchd.detection.budgets import alert_name, budget
+from watchd.detection.budgets import past_budget
 from watchd.detection.diagnosis import Facts, hint
 from watchd.kits.clock import ServerClock
 from watchd.kits.redaction import REGISTRY
@@ -74,15 +74,15 @@ async def scan_identity(
     now = clock.now()
     store.apply_listing(name, chats, now=now, started=now)
     for rec in store.records(name):
-        limit = budget(budgets, rec.status)
-        age = now - rec.since
-        if limit is None or age < limit:
+        over = past_budget(budgets, rec, now=now)
+        if over is None:
             continue
+        age, limit = over.age, over.budget
         entry: dict[str, Any] = {
             "chat_id": rec.chat_id,
             "title": rec.title,
             "status": rec.status,
-            "alertname": alert_name(rec.status),
+            "alertname": over.alert,
             "time_in_status_seconds": round(age),
             "time_in_status": format_duration(age),
             "budget": format_duration(limit),
