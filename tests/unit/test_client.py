@@ -12,7 +12,7 @@ from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.transport import Transport
 from watchd.kits.ratelimit import RateLimiter
-from watchd.sim.state import SimUser, Step
+from watchd.sim.records import SimUser, Step
 from watchd.telemetry.events import RecordingSink
 
 

@@ -118,7 +118,7 @@ async def test_simulator_concurrency_cap(sim: Sim, session: aiohttp.ClientSessio
     """Over the cap, running chats are queued_for_capacity and make no progress until admitted."""
     alice = sim.state.add_user("alice")
     sim.state.faults.capacity_roots = 1
-    from watchd.sim.state import Step
+    from watchd.sim.records import Step
 
     first = sim.state.add_chat(
         alice, status="running", script=[Step("running", 0.3), Step("waiting")]

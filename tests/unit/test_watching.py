@@ -23,7 +23,7 @@ from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
 from watchd.kits.clock import ServerClock
 from watchd.kits.ratelimit import RateLimiter
-from watchd.sim.state import SimUser
+from watchd.sim.records import SimUser
 from watchd.store.chats import ChatStore
 from watchd.telemetry.events import RecordingSink
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
