@@ -340,12 +340,13 @@ def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
     costs nothing."""
     import orjson
 
-    from watchd.clock import ServerClock
     from watchd.coder.client import CoderClient
     from watchd.coder.transport import Response
-    from watchd.config import Budgets
+    from watchd.config.watching import Budgets
     from watchd.detection.detector import Detector
     from watchd.detection.health import IdentityHealth
+    from watchd.kits.clock import ServerClock
+    from watchd.sim.payloads import chat_json
     from watchd.sim.state import SimState
     from watchd.store.chats import ChatStore
     from watchd.watching.watcher import IdentityWatcher, WatchSettings
@@ -358,7 +359,7 @@ def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
         )
     rows = list(state.chats.values())
     pages = [
-        json.dumps([state.chat_json(c) for c in rows[k : k + page]]).encode()
+        json.dumps([chat_json(state, c) for c in rows[k : k + page]]).encode()
         for k in range(0, chats, page)
     ]
     # The page that follows each page's last row, as coderd's keyset would answer it;
@@ -375,7 +376,9 @@ def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
                 body = pages[after[cursor]]
             else:
                 start = position[cursor] + 1
-                body = json.dumps([state.chat_json(c) for c in rows[start : start + page]]).encode()
+                body = json.dumps(
+                    [chat_json(state, c) for c in rows[start : start + page]]
+                ).encode()
             return Response(status=200, headers={}, body=body)
 
     class Sink:

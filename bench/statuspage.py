@@ -29,11 +29,12 @@ def status_page(n: int) -> list[Row]:
 
 async def _status_page(n: int) -> list[Row]:
     from watchd.alerting.model import Alert
-    from watchd.clock import ServerClock
-    from watchd.config import parse_config, resolve_secrets
+    from watchd.config.loading import parse_config
+    from watchd.config.secrets import resolve_secrets
     from watchd.daemon import status, status_page
     from watchd.daemon.app import Daemon
     from watchd.detection.health import IdentityHealth
+    from watchd.kits.clock import ServerClock
 
     tmp = Path(tempfile.mkdtemp(prefix="watchd-bench-status-"))
     os.environ.setdefault("WATCHD_BENCH_TOKEN", "bench-token-0123456789")

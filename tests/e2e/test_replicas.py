@@ -19,7 +19,7 @@ import yaml
 
 from tests.e2e.harness import DaemonProcess, SimProcess, eventually, free_port
 from tests.fakes.receivers import FakeWebhook
-from watchd.sharding import assignment
+from watchd.kits.sharding import assignment
 
 StartSim = Callable[..., SimProcess]
 AM_BINARY = "/usr/bin/prometheus-alertmanager"

@@ -14,14 +14,14 @@ from aiohttp import web
 from tests.conftest import Sim
 from tests.unit.test_client import client_for
 from tests.unit.test_watching import eventually, watching
-from watchd.clock import ServerClock
 from watchd.coder.client import CoderClient, Listing
 from watchd.coder.errors import CoderError
 from watchd.coder.transport import Transport
-from watchd.config import Budgets
+from watchd.config.watching import Budgets
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts, hint
 from watchd.detection.health import IdentityHealth
+from watchd.kits.clock import ServerClock
 from watchd.store.chats import ChatStore
 from watchd.store.persistence import StateDB
 

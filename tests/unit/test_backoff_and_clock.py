@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from watchd.clock import ServerClock
-from watchd.coder.backoff import Backoff, retry_hint
+from watchd.kits.backoff import Backoff, retry_hint
+from watchd.kits.clock import ServerClock
 
 
 def test_backoff_doubles_to_the_cap_and_resets() -> None:

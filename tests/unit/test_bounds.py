@@ -10,11 +10,11 @@ import pytest
 
 from tests.fakes.hostile import endless, huge_declared, never_upgrades, one_day_please, serving
 from watchd.alerting.receivers.base import READ_CAPS, NotifyError, classify_http, post
-from watchd.coder.backoff import MAX_HINT, retry_hint
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError
 from watchd.coder.transport import OversizeResponse, Transport
 from watchd.detection.health import IdentityHealth
+from watchd.kits.backoff import MAX_HINT, retry_hint
 from watchd.telemetry.ingest import IngestError, parse_batch
 
 
@@ -117,7 +117,8 @@ def test_unknown_statuses_share_one_metrics_series(
     """Fifty distinct status strings from a server become one `other` series (counted),
     not fifty: the metrics label space stays bounded."""
     from watchd.coder.models import Chat, ChatId
-    from watchd.config import parse_config, resolve_secrets
+    from watchd.config.loading import parse_config
+    from watchd.config.secrets import resolve_secrets
     from watchd.daemon.app import Daemon
 
     monkeypatch.setenv("WATCHD_TEST_TOKEN", "token-value-0123456789")
@@ -158,8 +159,8 @@ def test_unknown_statuses_share_one_metrics_series(
 
 
 def _health(name: str) -> IdentityHealth:
-    from watchd.clock import ServerClock
     from watchd.detection.health import IdentityHealth
+    from watchd.kits.clock import ServerClock
 
     return IdentityHealth(
         name=name,

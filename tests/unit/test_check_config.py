@@ -90,7 +90,7 @@ def _sharded(tmp_path: Path, **sharding: object) -> Path:
 def test_check_config_prints_the_shard_assignment_for_n_replicas(tmp_path: Path) -> None:
     """--replicas N prints which replica owns each identity and what moves from the
     configured count; the token never appears."""
-    from watchd.sharding import assignment, owned_by
+    from watchd.kits.sharding import assignment, owned_by
 
     cfg = _sharded(tmp_path, replicas=3, index=0)
     r = subprocess.run(

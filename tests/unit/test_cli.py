@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from watchd.cli import build_parser
-from watchd.scanning import ScanResult, exit_code
+from watchd.commands.scan import ScanResult, exit_code
 
 ROOT = Path(__file__).resolve().parents[2]
 

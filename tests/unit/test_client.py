@@ -10,8 +10,9 @@ import pytest
 from tests.conftest import Sim
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.transport import RateLimiter, Transport
-from watchd.sim.state import SimUser, Step
+from watchd.coder.transport import Transport
+from watchd.kits.ratelimit import RateLimiter
+from watchd.sim.records import SimUser, Step
 from watchd.telemetry.events import RecordingSink
 
 

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from watchd.config import ConfigError, parse_config, parse_duration, resolve_secrets
-from watchd.secrets import REGISTRY
+from watchd.config.fields import ConfigError, parse_duration
+from watchd.config.loading import parse_config
+from watchd.config.secrets import resolve_secrets
+from watchd.kits.redaction import REGISTRY
 
 
 def base(**extra: object) -> dict[str, object]:

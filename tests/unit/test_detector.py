@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from watchd.alerting.model import Alert
-from watchd.clock import ServerClock
 from watchd.coder.errors import CoderError
 from watchd.coder.models import Chat, ChatId, WorkspaceBuild
-from watchd.config import Budgets
+from watchd.config.watching import Budgets
 from watchd.detection.detector import BURST_LOOKUPS, Detector
 from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth
+from watchd.kits.clock import ServerClock
 from watchd.store.chats import ChatRecord, ChatStore
 from watchd.store.persistence import StateDB
 

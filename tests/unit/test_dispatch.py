@@ -12,8 +12,8 @@ from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import Alert
 from watchd.alerting.receivers.base import Notification, NotifyError, Rate
 from watchd.alerting.silencing import Inhibitor, Silence, Silencer
-from watchd.config import InhibitRule, RouteConfig
-from watchd.matchers import parse_matchers
+from watchd.config.alerting import InhibitRule, RouteConfig
+from watchd.kits.matchers import parse_matchers
 from watchd.store.persistence import StateDB
 
 

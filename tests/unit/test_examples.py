@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from watchd.config import parse_config
+from watchd.config.loading import parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

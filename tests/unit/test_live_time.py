@@ -10,7 +10,7 @@ from watchd.alerting import routing
 from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import Alert, live, resolution
 from watchd.alerting.silencing import Inhibitor, Silencer
-from watchd.config import RouteConfig
+from watchd.config.alerting import RouteConfig
 from watchd.store.persistence import StateDB
 
 FIRED_AT = 1_000_000.0

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from watchd import logs
-from watchd.secrets import REGISTRY
+from watchd.kits import logs
+from watchd.kits.redaction import REGISTRY
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from watchd.config import parse_config
+from watchd.config.loading import parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from watchd.clock import ServerClock
 from watchd.daemon.supervisor import Supervisor
 from watchd.daemon.view import liveness_problems
 from watchd.detection.health import IdentityHealth
+from watchd.kits.clock import ServerClock
 from watchd.kits.tasks import CRASH_LOOP, TaskRegistry
 
 

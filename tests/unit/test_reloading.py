@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from watchd.config import Config, parse_config
+from watchd.config.loading import parse_config
+from watchd.config.model import Config
 from watchd.daemon.reloading import changed, needs_restart
 
 

@@ -10,9 +10,12 @@ import pytest
 
 from tests.conftest import Sim
 from watchd.coder.models import Chat, ChatId
-from watchd.config import ConfigError, QuotaConfig, SweepConfig, parse_config
+from watchd.config.fields import ConfigError
+from watchd.config.loading import parse_config
+from watchd.config.sweep import SweepConfig
+from watchd.config.watching import QuotaConfig
+from watchd.remediation.policies import compile_policies, match_policy
 from watchd.store.chats import ChatStore
-from watchd.sweeping import compile_policies, match_policy
 
 
 @pytest.mark.parametrize(
@@ -115,7 +118,7 @@ async def test_simulator_concurrency_cap(sim: Sim, session: aiohttp.ClientSessio
     """Over the cap, running chats are queued_for_capacity and make no progress until admitted."""
     alice = sim.state.add_user("alice")
     sim.state.faults.capacity_roots = 1
-    from watchd.sim.state import Step
+    from watchd.sim.records import Step
 
     first = sim.state.add_chat(
         alice, status="running", script=[Step("running", 0.3), Step("waiting")]
@@ -179,12 +182,12 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
     leaves the chat's own clock alone, and resolves after announce_for — also when the
     daemon restarted in between."""
     from watchd.alerting.model import Alert
-    from watchd.clock import ServerClock
-    from watchd.config import Budgets
+    from watchd.config.watching import Budgets
     from watchd.detection.detector import Detector
     from watchd.detection.health import IdentityHealth
+    from watchd.kits.clock import ServerClock
+    from watchd.remediation.sweeper import Sweeper
     from watchd.store.persistence import StateDB
-    from watchd.sweeping import Sweeper
 
     class Sink:
         def __init__(self) -> None:

@@ -6,8 +6,8 @@ import pytest
 
 from watchd.alerting import routing
 from watchd.alerting.dispatch import needs_update
-from watchd.config import RouteConfig
-from watchd.matchers import MatcherError, parse_matcher
+from watchd.config.alerting import RouteConfig
+from watchd.kits.matchers import MatcherError, parse_matcher
 from watchd.store.persistence import NflogEntry
 
 

@@ -6,8 +6,10 @@ import hashlib
 
 import pytest
 
-from watchd.config import ConfigError, parse_config, shard_index
-from watchd.sharding import assignment, ordinal, owned_by, owners, score
+from watchd.config.fields import ConfigError
+from watchd.config.loading import parse_config
+from watchd.config.model import shard_index
+from watchd.kits.sharding import assignment, ordinal, owned_by, owners, score
 
 NAMES = [f"team-{i:03d}" for i in range(1000)]
 

@@ -472,7 +472,7 @@ async def test_the_pipeline_gives_the_loop_back_between_batches() -> None:
 def test_a_secret_echoed_into_an_error_never_reaches_a_span() -> None:
     """An error event quoting a registered secret (a server echoing the token) becomes a
     span whose description has it redacted."""
-    from watchd.secrets import REGISTRY
+    from watchd.kits.redaction import REGISTRY
 
     secret = "tok-9f8e7d6c5b4a3210fedcba"
     REGISTRY.add(secret)

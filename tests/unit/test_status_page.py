@@ -12,14 +12,15 @@ import pytest
 
 from watchd.alerting.model import Alert
 from watchd.alerting.silencing import Silence
-from watchd.clock import ServerClock
-from watchd.config import parse_config, resolve_secrets
+from watchd.config.loading import parse_config
+from watchd.config.secrets import resolve_secrets
 from watchd.daemon import status
 from watchd.daemon.app import Daemon
 from watchd.daemon.status import StatusQuery, status_document
 from watchd.daemon.status_page import chart_svg, status_html
 from watchd.detection.health import IdentityHealth
-from watchd.matchers import parse_matchers
+from watchd.kits.clock import ServerClock
+from watchd.kits.matchers import parse_matchers
 
 N = 20_000
 DEPLOYMENT = "https://coder.example.com"

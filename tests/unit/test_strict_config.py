@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from watchd.config import ConfigError, load_config, parse_config
-from watchd.matchers import MatcherError, parse_matcher
+from watchd.config.fields import ConfigError
+from watchd.config.loading import load_config, parse_config
+from watchd.kits.matchers import MatcherError, parse_matcher
 
 
 def base(**extra: object) -> dict[str, object]:

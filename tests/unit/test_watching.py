@@ -13,16 +13,17 @@ import pytest
 
 from tests.conftest import Sim
 from watchd.alerting.model import Alert
-from watchd.clock import ServerClock
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError
 from watchd.coder.models import WatchEvent
-from watchd.coder.transport import RateLimiter, Transport
+from watchd.coder.transport import Transport
 from watchd.coder.watchstream import ResyncNeeded, open_watch
-from watchd.config import Budgets
+from watchd.config.watching import Budgets
 from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
-from watchd.sim.state import SimUser
+from watchd.kits.clock import ServerClock
+from watchd.kits.ratelimit import RateLimiter
+from watchd.sim.records import SimUser
 from watchd.store.chats import ChatStore
 from watchd.telemetry.events import RecordingSink
 from watchd.watching.watcher import IdentityWatcher, WatchSettings

@@ -20,14 +20,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from watchd import logs
 from watchd.alerting.model import Alert, live
 from watchd.alerting.receivers.base import Notification, Notifier, NotifyError
 from watchd.alerting.routing import Route
 from watchd.alerting.silencing import Inhibitor, Silencer
-from watchd.clock import SystemClock, WallClock
-from watchd.coder.backoff import Backoff
-from watchd.coder.transport import RateLimiter
+from watchd.kits import logs
+from watchd.kits.backoff import Backoff
+from watchd.kits.clock import SystemClock, WallClock
+from watchd.kits.ratelimit import RateLimiter
 from watchd.kits.tasks import spawn
 from watchd.store.persistence import NflogEntry, StateDB
 

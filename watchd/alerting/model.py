@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol, TextIO
 
-from watchd.config import format_duration
+from watchd.config.fields import format_duration
 
 
 @dataclass(frozen=True)

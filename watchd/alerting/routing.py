@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from watchd.config import RouteConfig
-from watchd.matchers import Matcher, all_match, parse_matchers
+from watchd.config.alerting import RouteConfig
+from watchd.kits.matchers import Matcher, all_match, parse_matchers
 
 DEFAULT_GROUP_BY = ("identity", "alertname", "status")
 DEFAULT_GROUP_WAIT = 30.0
@@ -88,7 +88,7 @@ def _pick(value: float | None, inherited: float) -> float:
 
 def describe(route: Route, *, indent: int = 0) -> list[str]:
     """The tree with inherited options resolved, one node per line (for check-config)."""
-    from watchd.config import format_duration
+    from watchd.config.fields import format_duration
 
     matchers = ", ".join(str(m) for m in route.matchers) or "(all alerts)"
     times = "/".join(

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from watchd.coder.backoff import Backoff
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import (
     Chat,
@@ -30,6 +29,7 @@ from watchd.coder.models import (
     parse_workspace_build,
 )
 from watchd.coder.transport import MAX_BODY, Response, Transport
+from watchd.kits.backoff import Backoff
 
 PREFIXES = ("/api/v2", "/api/experimental")
 # coderd has no page-size maximum (``ParsePagination`` checks only for a non-negative

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from watchd.secrets import REGISTRY
+from watchd.kits.redaction import REGISTRY
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 

@@ -20,10 +20,11 @@ from urllib.parse import urlencode
 import aiohttp
 import orjson
 
-from watchd import logs
-from watchd.clock import ServerClock
-from watchd.coder.backoff import retry_hint
 from watchd.coder.errors import CoderError, PayloadError, error_from_body
+from watchd.kits import logs
+from watchd.kits.backoff import retry_hint
+from watchd.kits.clock import ServerClock
+from watchd.kits.ratelimit import RateLimiter
 from watchd.telemetry.events import EventSink, EventSource, NullSink, now_ms
 
 USER_AGENT = "watchd/0.1 (+https://github.com/coder/coder chats monitor)"
@@ -39,38 +40,6 @@ log = logs.get("watchd.coder")
 
 class OversizeResponse(PayloadError):
     """A response body longer than the bound for its kind of request."""
-
-
-class RateLimiter:
-    """A token bucket on the loop clock: ``rate`` requests per second, ``burst`` at once.
-
-    Coder limits each user to about 512 requests per minute per endpoint; the
-    default keeps one identity well under that for every endpoint together.
-    """
-
-    def __init__(self, *, rate: float, burst: int) -> None:
-        self.rate = rate
-        self.burst = burst
-        self._tokens = float(burst)
-        self._stamp: float | None = None
-        self._lock = asyncio.Lock()
-        self.waited = 0
-
-    async def acquire(self) -> None:
-        async with self._lock:
-            loop = asyncio.get_running_loop()
-            now = loop.time()
-            if self._stamp is None:
-                self._stamp = now
-            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
-            self._stamp = now
-            if self._tokens < 1.0:
-                wait = (1.0 - self._tokens) / self.rate
-                self.waited += 1
-                await asyncio.sleep(wait)
-                self._tokens = 1.0
-                self._stamp = loop.time()
-            self._tokens -= 1.0
 
 
 @dataclass(frozen=True, slots=True)

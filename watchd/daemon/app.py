@@ -20,20 +20,17 @@ from typing import Any, TextIO
 
 import aiohttp
 
-from watchd import __version__, logs
+from watchd import __version__
 from watchd.alerting import routing
 from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import Alert, AlertSink
 from watchd.alerting.receivers.build import build_all
 from watchd.alerting.silencing import Inhibitor, Silencer, from_config, silence_from_json
 from watchd.coder.transport import USER_AGENT
-from watchd.config import (
-    Config,
-    ConfigError,
-    IdentityConfig,
-    ResolvedSecrets,
-    shard_index,
-)
+from watchd.config.fields import ConfigError
+from watchd.config.model import Config, shard_index
+from watchd.config.secrets import ResolvedSecrets
+from watchd.config.watching import IdentityConfig
 from watchd.daemon import reloading, view
 from watchd.daemon.heartbeat import Heartbeat
 from watchd.daemon.identities import Identities, plan
@@ -48,8 +45,9 @@ from watchd.daemon.supervisor import Supervisor
 from watchd.daemon.view import HISTORY_EVERY, ChatHistory
 from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
+from watchd.kits import logs
+from watchd.remediation.sweeper import Sweeper
 from watchd.store.chats import ChatStore
-from watchd.sweeping import Sweeper
 from watchd.telemetry.events import EventSink, EventSource, NullSink
 from watchd.telemetry.filesource import FileSource
 from watchd.watching.watcher import IdentityWatcher, WatchSettings

@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping
 
 import aiohttp
 
-from watchd import logs
 from watchd.alerting.model import Alert, fingerprint
 from watchd.alerting.receivers.base import MAX_ANSWER, Notification, Notifier, NotifyError
-from watchd.config import HeartbeatConfig
+from watchd.config.process import HeartbeatConfig
+from watchd.kits import logs
 
 log = logs.get("watchd.heartbeat")
 

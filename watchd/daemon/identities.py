@@ -17,18 +17,22 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from watchd import logs, secrets
 from watchd.alerting.dispatch import Dispatcher
-from watchd.clock import ServerClock
 from watchd.coder.client import CoderClient
 from watchd.coder.models import Chat
-from watchd.coder.transport import RateLimiter, Transport
-from watchd.config import Config, IdentityConfig, QuotaConfig, ResolvedSecrets
+from watchd.coder.transport import Transport
+from watchd.config import secrets
+from watchd.config.model import Config
+from watchd.config.secrets import ResolvedSecrets
+from watchd.config.watching import IdentityConfig, QuotaConfig
 from watchd.daemon.metrics import Metrics
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth
+from watchd.kits import logs
+from watchd.kits.clock import ServerClock
+from watchd.kits.ratelimit import RateLimiter
 from watchd.store.chats import ChatRecord, ChatStore
 from watchd.store.persistence import StateDB
 from watchd.telemetry.events import EventSink, own_source

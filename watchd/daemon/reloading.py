@@ -13,15 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from watchd import logs
-from watchd.config import (
-    Config,
-    ConfigError,
-    ResolvedSecrets,
-    load_config,
-    resolve_secrets,
-    shard_index,
-)
+from watchd.config.fields import ConfigError
+from watchd.config.loading import load_config
+from watchd.config.model import Config, shard_index
+from watchd.config.secrets import ResolvedSecrets, resolve_secrets
+from watchd.kits import logs
 
 log = logs.get("watchd.daemon")
 

@@ -14,7 +14,7 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 
-from watchd import logs
+from watchd.kits import logs
 
 log = logs.get("watchd.notify")
 

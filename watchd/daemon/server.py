@@ -22,7 +22,7 @@ from watchd.daemon.silences_api import SilencesApi
 from watchd.daemon.status import StatusQuery, status_document
 from watchd.daemon.status_page import status_html
 from watchd.daemon.view import DaemonView, liveness_problems
-from watchd.secrets import REGISTRY
+from watchd.kits.redaction import REGISTRY
 from watchd.telemetry.ingest import IngestError, parse_batch_off_loop
 
 

@@ -16,10 +16,10 @@ from typing import Any
 from aiohttp import web
 from pydantic import SecretStr
 
-from watchd import logs
 from watchd.alerting.silencing import Silence, Silencer, new_id
-from watchd.config import parse_duration
-from watchd.matchers import MatcherError, parse_matchers
+from watchd.config.fields import parse_duration
+from watchd.kits import logs
+from watchd.kits.matchers import MatcherError, parse_matchers
 
 log = logs.get("watchd.silences")
 

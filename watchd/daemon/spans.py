@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-from watchd import logs
-from watchd.config import TelemetryConfig
+from watchd.config.telemetry import TelemetryConfig
+from watchd.kits import logs
 from watchd.telemetry.events import own_source
 from watchd.telemetry.pipeline import SpanPipeline
 from watchd.telemetry.spans import SpanConverter

@@ -16,10 +16,10 @@ import socket
 import sqlite3
 import time
 
-from watchd import logs
 from watchd.alerting.model import Alert, fingerprint
-from watchd.coder.backoff import Backoff
 from watchd.detection.detector import Detector
+from watchd.kits import logs
+from watchd.kits.backoff import Backoff
 from watchd.store.persistence import StateDB
 
 log = logs.get("watchd.state")

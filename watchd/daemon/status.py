@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchd.alerting.model import Alert, live
-from watchd.config import format_duration
+from watchd.config.fields import format_duration
 from watchd.daemon.view import (
     HISTORY_WINDOW,
     DaemonView,

@@ -12,7 +12,7 @@ import time
 from typing import Any
 from urllib.parse import urlencode
 
-from watchd.config import format_duration
+from watchd.config.fields import format_duration
 from watchd.daemon.status import RESOLVED_SHOWN, iso
 
 

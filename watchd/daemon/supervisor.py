@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from watchd import logs
+from watchd.kits import logs
 from watchd.kits.tasks import guard
 
 log = logs.get("watchd.supervisor")

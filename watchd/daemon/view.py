@@ -19,15 +19,16 @@ from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import fingerprint
 from watchd.alerting.receivers.base import READ_CAPS
 from watchd.alerting.silencing import Inhibitor, Silencer
-from watchd.config import Config, ResolvedSecrets
+from watchd.config.model import Config
+from watchd.config.secrets import ResolvedSecrets
 from watchd.daemon.heartbeat import Heartbeat
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
 from watchd.kits.tasks import TASKS, TaskRegistry
+from watchd.remediation.sweeper import Sweeper
 from watchd.store.chats import ChatStore
 from watchd.store.persistence import StateDB
-from watchd.sweeping import Sweeper
 from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline
 from watchd.watching.watcher import IdentityWatcher

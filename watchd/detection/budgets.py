@@ -1,9 +1,14 @@
-"""Status classes and the alert each one earns (docs/alerting.md)."""
+"""Status classes, the alert each one earns, and the one "past budget" verdict
+(docs/alerting.md). Pure: the detector and ``watchd scan`` both ask it.
+"""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
-from watchd.config import Budgets
+from watchd.config.watching import Budgets
+from watchd.store.chats import ChatRecord
 
 
 def status_class(status: str) -> str:
@@ -31,3 +36,42 @@ def budget(budgets: Budgets, status: str) -> float | None:
     if alert_name(status) is None:
         return None
     return budgets.for_status(status)
+
+
+class Overdue(NamedTuple):
+    """A chat past its budget: the alert it earns, its time on that clock, the budget."""
+
+    alert: str
+    age: float
+    budget: float
+
+
+def past_budget(
+    budgets: Budgets,
+    rec: ChatRecord,
+    *,
+    now: float,
+    clock: str = "status",
+    chat_failed: bool = False,
+) -> Overdue | None:
+    """Whether ``rec`` is past its budget at server time ``now``, on one of its clocks.
+
+    ``status`` (the default) is time in status against the status's budget;
+    ``stalled`` is a ``running`` chat's time since its last server-side progress
+    against ``budgets.stalled`` (when that is set). With ``chat_failed`` an
+    ``error`` chat is overdue at once, as ChatFailed.
+    """
+    if clock == "stalled":
+        if rec.status != "running" or budgets.stalled is None or rec.updated_at is None:
+            return None
+        age = now - rec.updated_at
+        return Overdue("ChatStalled", age, budgets.stalled) if age >= budgets.stalled else None
+    limit = budget(budgets, rec.status)
+    age = now - rec.since
+    if limit is None:
+        if chat_failed and rec.status == "error":
+            return Overdue("ChatFailed", age, 0.0)
+        return None
+    name = alert_name(rec.status)
+    assert name is not None
+    return Overdue(name, age, limit) if age >= limit else None

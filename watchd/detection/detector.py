@@ -24,16 +24,17 @@ from typing import Protocol
 
 import structlog
 
-from watchd import logs
 from watchd.alerting.model import Alert, AlertSink, fingerprint, resolution
-from watchd.clock import SystemClock, WallClock
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES, Chat
-from watchd.config import Budgets, format_duration
-from watchd.detection.budgets import alert_name, budget
+from watchd.config.fields import format_duration
+from watchd.config.watching import Budgets
+from watchd.detection.budgets import budget, past_budget
 from watchd.detection.diagnosis import INVALID_HINT, Facts, hint
 from watchd.detection.health import IdentityHealth
 from watchd.detection.timers import TimerHeap
+from watchd.kits import logs
+from watchd.kits.clock import SystemClock, WallClock
 from watchd.kits.tasks import CRASH_LOOP, TASKS, spawn
 from watchd.store.chats import (
     CLOCK_LOWER_BOUND,
@@ -371,20 +372,7 @@ class Detector:
     def _past(self, w: Watched, rec: ChatRecord, clock: str) -> tuple[str, float, float] | None:
         """(alert name, time in clock, budget) when ``rec`` is past its budget now."""
         now = w.health.server_clock.now()
-        if clock == "stalled":
-            if rec.status != "running" or w.budgets.stalled is None or rec.updated_at is None:
-                return None
-            age = now - rec.updated_at
-            return ("ChatStalled", age, w.budgets.stalled) if age >= w.budgets.stalled else None
-        limit = budget(w.budgets, rec.status)
-        age = now - rec.since
-        if limit is None:
-            if self.chat_failed and rec.status == "error":
-                return ("ChatFailed", age, 0.0)
-            return None
-        name = alert_name(rec.status)
-        assert name is not None
-        return (name, age, limit) if age >= limit else None
+        return past_budget(w.budgets, rec, now=now, clock=clock, chat_failed=self.chat_failed)
 
     async def _confirm_loop(self, w: Watched) -> None:
         interval = 1.0 / self.confirm_rate

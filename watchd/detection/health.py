@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from watchd.clock import ServerClock
 from watchd.coder.models import Quota
+from watchd.kits.clock import ServerClock
 
 
 @dataclass

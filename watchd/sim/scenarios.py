@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from watchd.sim.state import SimState, Step
+from watchd.sim.records import Step
+from watchd.sim.state import SimState
 
 
 @dataclass(frozen=True)

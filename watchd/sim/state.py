@@ -2,166 +2,38 @@
 the chat lifecycle engine, and faults on demand.
 
 All of it is in-process and deterministic under a seed; the HTTP layer in
-:mod:`watchd.sim.server` only translates requests into calls on this object.
+:mod:`watchd.sim.server` only translates requests into calls on this object. The
+records are :mod:`watchd.sim.records`, their JSON :mod:`watchd.sim.payloads`, the
+watch subscribers :mod:`watchd.sim.pubsub`, the rate limit :mod:`watchd.sim.httprate`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import random
 import time
 import uuid
-import zlib
 from collections import deque
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta, timezone
+from collections.abc import Callable
 from typing import Any
 
 from watchd.sim.eras import ERAS, Era
-
-ACTIVE = frozenset({"running", "pending", "interrupting"})
-ARCHIVABLE = frozenset({"waiting", "error"})
-
-
-def iso(ts: float, *, offset_minutes: int = 0) -> str:
-    """Go's ``time.RFC3339Nano``, as coderd's ``encoding/json`` writes a ``time.Time``:
-    0–9 fraction digits with trailing zeros trimmed (none at all on a whole second), and
-    ``Z`` for UTC or ``±hh:mm`` for a time carried in another zone."""
-    zone = UTC if not offset_minutes else timezone(timedelta(minutes=offset_minutes))
-    whole = int(ts // 1)
-    nanos = round((ts - whole) * 1e9)
-    if nanos >= 1_000_000_000:
-        whole, nanos = whole + 1, 0
-    dt = datetime.fromtimestamp(whole, tz=zone)
-    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
-    if nanos:
-        text += "." + f"{nanos:09d}".rstrip("0")
-    if not offset_minutes:
-        return text + "Z"
-    sign = "+" if offset_minutes > 0 else "-"
-    hours, minutes = divmod(abs(offset_minutes), 60)
-    return f"{text}{sign}{hours:02d}:{minutes:02d}"
+from watchd.sim.httprate import HttpRate
+from watchd.sim.payloads import message
+from watchd.sim.pubsub import PubSub
+from watchd.sim.records import (
+    Faults,
+    SimChat,
+    SimError,
+    SimUser,
+    SimWorkspace,
+    Step,
+    Subscriber,
+)
 
 
-@dataclass
-class Step:
-    """Stay in ``status`` for ``after`` seconds, then move to the next step (None: forever)."""
+class SimState(PubSub, HttpRate):
+    """The simulated deployment: its records, the chat lifecycle engine, faults on demand."""
 
-    status: str
-    after: float | None = None
-    silent: bool = False  # the transition into this step is never published on the stream
-    last_error: dict[str, Any] | None = None
-
-
-@dataclass
-class SimUser:
-    id: str
-    username: str
-    token: str
-    org_id: str
-    revoked: bool = False
-    quota_budget: int = -1
-    credits_consumed: int = 0
-
-
-@dataclass
-class SimWorkspace:
-    id: str
-    owner_id: str
-    name: str
-    build_status: str = "running"  # pending | starting | running | failed | stopped
-    job_status: str = "succeeded"
-    error_code: str = ""
-    cost: int = 10
-
-
-@dataclass
-class SimChat:
-    id: str
-    owner_id: str
-    org_id: str
-    title: str
-    status: str
-    created_at: float
-    updated_at: float
-    entered_at: float
-    parent_id: str | None = None
-    root_id: str | None = None
-    workspace_id: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    last_error: Any = None
-    archived: bool = False
-    pin_order: int = 0
-    queued_for_capacity: bool = False
-    # computer_use | explore | orchestrator, or None (omitted on the wire).
-    mode: str | None = None
-    client_type: str = "api"
-    warnings: list[str] = field(default_factory=list)
-    context_error: str | None = None
-    # The execution state is inconsistent: every mutation answers 409 "Chat is in an
-    # invalid state." until POST …/reconcile-invalid moves the chat to `error`.
-    invalid_state: bool = False
-    script: deque[Step] = field(default_factory=deque)
-    # While running, bump updated_at this often (CommitStep); None: no progress at all.
-    progress_every: float | None = None
-    # Interrupt never completes (a wedged runner): stays `interrupting`.
-    wedged: bool = False
-    interrupt_settle: float = 1.0
-    messages: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
-class Faults:
-    event_loss: float = 0.0  # fraction of watch events silently not delivered
-    error_rate: float = 0.0  # fraction of REST requests answered with error_status
-    error_status: int = 500
-    latency: float = 0.0  # seconds added to every REST response
-    throttle_next: int = 0  # the next N REST requests answer 429
-    throttle_retry_after: float = 1.0
-    malformed_next: int = 0  # the next N watch frames are garbage
-    unavailable_until: float = 0.0  # monotonic; 503 for everything until then (restart)
-    subscribe_fail: bool = False  # the watch handler's pubsub subscribe fails (HTTP 500)
-    chatd_enabled: bool = True  # False: mutations answer 503 "AI Gateway must be enabled"
-    enterprise: bool = True  # False: quota routes 404 (OSS build)
-    # Pooled admission (PR #27902): at most this many root / subagent chats generate at
-    # once; the rest stay `running`, unowned, queued_for_capacity, without progress.
-    capacity_roots: int | None = None
-    capacity_children: int | None = None
-    # Every error body quotes the request's token (a proxy or a debug build that echoes
-    # the request): the client must keep it out of everything it shows.
-    echo_token: bool = False
-
-
-@dataclass(eq=False)
-class Subscriber:
-    user_id: str
-    queue: asyncio.Queue[dict[str, Any] | None]
-    dropped: int = 0
-    agent: str = ""  # the watching client's User-Agent
-
-
-class SimError(Exception):
-    """An error answer: status and Coder's ``{message, detail}`` body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        detail: str = "",
-        *,
-        headers: dict[str, str] | None = None,
-        **extra: Any,
-    ) -> None:
-        self.status = status
-        self.headers = headers or {}
-        self.body: dict[str, Any] = {"message": message, **extra}
-        if detail:
-            self.body["detail"] = detail
-        super().__init__(message)
-
-
-class SimState:
     def __init__(
         self,
         *,
@@ -210,7 +82,7 @@ class SimState:
         self.bump_after_page: dict[str, int] = {}
         self._listing_page: dict[str, int] = {}
         self._message_ids = 1000
-        self.on_drop: list[Any] = []
+        self.on_drop: list[Callable[[Subscriber, int], Any]] = []
 
     # -- time and ids ----------------------------------------------------------------
 
@@ -333,14 +205,7 @@ class SimState:
 
     def _message(self, chat: SimChat, role: str, text: str) -> dict[str, Any]:
         self._message_ids += 1
-        return {
-            "id": self._message_ids,
-            "chat_id": chat.id,
-            "role": role,
-            "created_at": self.ts(self.now(), chat.id),
-            "created_by": chat.owner_id,
-            "content": [{"type": "text", "text": text}],
-        }
+        return message(self, chat, id=self._message_ids, role=role, text=text)
 
     def _check_status(self, status: str) -> None:
         if status not in self.era.statuses:
@@ -525,180 +390,7 @@ class SimState:
         a request arrives, never again for a socket it already upgraded."""
         self.user(username).revoked = True
 
-    # -- watch pubsub ----------------------------------------------------------------
-
-    def subscribe(self, user_id: str, *, agent: str = "") -> Subscriber:
-        if self.faults.subscribe_fail:
-            raise SimError(
-                500, "Internal error subscribing to chat events.", "pubsub: connection refused"
-            )
-        sub = Subscriber(
-            user_id=user_id, queue=asyncio.Queue(maxsize=self.subscriber_buffer), agent=agent
-        )
-        self.subscribers.add(sub)
-        return sub
-
-    def unsubscribe(self, sub: Subscriber) -> None:
-        self.subscribers.discard(sub)
-
-    def publish(self, chat: SimChat, kind: str) -> None:
-        payload: dict[str, Any] = {"kind": kind, "chat": self.watch_chat(chat)}
-        if kind == "action_required":
-            payload["tool_calls"] = [
-                {
-                    "tool_call_id": f"call_{self.rng.getrandbits(32):x}",
-                    "tool_name": "run_query",
-                    "args": '{"sql":"select 1"}',
-                }
-            ]
-        self.published += 1
-        limit = self.era.publish_limit
-        if limit is not None and len(json.dumps(payload)) > limit:
-            self.oversize += 1
-            return
-        for sub in list(self.subscribers):
-            if sub.user_id != chat.owner_id:
-                continue
-            if self.faults.event_loss and self.rng.random() < self.faults.event_loss:
-                self.lost += 1
-                continue
-            try:
-                sub.queue.put_nowait(payload)
-            except asyncio.QueueFull:
-                sub.dropped += 1
-
-    def drop_watch(self, *, user_id: str | None = None, code: int = 1001) -> int:
-        """End watch sockets abruptly (replica restart, network); returns how many."""
-        n = 0
-        for sub in list(self.subscribers):
-            if user_id is None or sub.user_id == user_id:
-                n += 1
-                for cb in self.on_drop:
-                    cb(sub, code)
-        return n
-
     def restart(self, downtime: float) -> None:
         """A replica restart: sockets drop, and the API answers 503 for ``downtime``."""
         self.faults.unavailable_until = time.monotonic() + downtime
         self.drop_watch(code=1001)
-
-    # -- serialization ---------------------------------------------------------------
-
-    def ts(self, t: float, chat_id: str = "") -> str:
-        offsets = self.utc_offsets
-        return iso(
-            t, offset_minutes=offsets[zlib.crc32(chat_id.encode()) % len(offsets)] if chat_id else 0
-        )
-
-    def chat_json(
-        self, chat: SimChat, *, single: bool = False, embed: bool = True
-    ) -> dict[str, Any]:
-        """``codersdk.Chat`` as Go's ``encoding/json`` writes it: nil pointers with
-        ``omitempty`` are omitted (never ``null``), ``last_turn_summary``/``summary`` are
-        ``null``, ``root_chat_id`` is always set, ``queued_for_capacity`` appears only on
-        a single GET and only when true (``bool,omitempty``)."""
-        owner = self.users.get(chat.owner_id)
-        body: dict[str, Any] = {
-            "id": chat.id,
-            "organization_id": chat.org_id,
-            "owner_id": chat.owner_id,
-            "owner_username": owner.username if owner else "",
-            "owner_name": owner.username if owner else "",
-            "root_chat_id": chat.root_id or chat.id,
-            "last_model_config_id": "e5a9c0de-0000-4000-8000-000000000001",
-            "title": chat.title,
-            "status": chat.status,
-            "last_turn_summary": None,
-            "summary": None,
-            "created_at": self.ts(chat.created_at, chat.id),
-            "updated_at": self.ts(chat.updated_at, chat.id),
-            "archived": chat.archived,
-            "shared": False,
-            "pin_order": chat.pin_order,
-            "mcp_server_ids": [],
-            "labels": dict(chat.labels),
-            "has_unread": False,
-            "client_type": chat.client_type,
-            "children": [],
-        }
-        if chat.workspace_id is not None:
-            body["workspace_id"] = chat.workspace_id
-        if chat.parent_id is not None:
-            body["parent_chat_id"] = chat.parent_id
-        if chat.mode is not None:
-            body["mode"] = chat.mode
-        if chat.warnings:
-            body["warnings"] = list(chat.warnings)
-        if chat.last_error is not None:
-            body["last_error"] = chat.last_error
-            if self.era.name == "A" and isinstance(chat.last_error, dict):
-                # Early servers stored last_error as a text column.
-                body["last_error"] = chat.last_error.get("message")
-        if chat.context_error is not None or single:
-            context: dict[str, Any] = {"dirty": False}
-            if chat.context_error is not None:
-                context["error"] = chat.context_error
-            if single:
-                context["resources"] = []
-            body["context"] = context
-        if single and chat.queued_for_capacity:
-            body["queued_for_capacity"] = True
-        if embed and self.era.embed_children and chat.parent_id is None:
-            body["children"] = [
-                self.chat_json(c, single=False, embed=False)
-                for c in self.children_of(chat.id)
-                if c.archived == chat.archived
-            ]
-        return body
-
-    def watch_chat(self, chat: SimChat) -> dict[str, Any]:
-        if self.era.full_watch_chat:
-            body = self.chat_json(chat, embed=False)
-            body.pop("children", None)
-            return body
-        body = {
-            "id": chat.id,
-            "owner_id": chat.owner_id,
-            "title": chat.title,
-            "status": chat.status,
-            "created_at": self.ts(chat.created_at, chat.id),
-            "updated_at": self.ts(chat.updated_at, chat.id),
-            "root_chat_id": chat.root_id or chat.id,
-        }
-        if chat.parent_id is not None:
-            body["parent_chat_id"] = chat.parent_id
-        if chat.workspace_id is not None:
-            body["workspace_id"] = chat.workspace_id
-        return body
-
-    # -- rate limit ------------------------------------------------------------------
-
-    def check_rate(self, user_id: str, path: str) -> dict[str, str]:
-        """``httpmw.RateLimit``: go-chi httprate keyed by user id and the concrete URL path
-        (every ``/chats/<id>`` its own bucket), over a sliding one-minute window — the
-        previous window's count weighs in by how much of it still overlaps. Raises 429
-        with ``Retry-After: 60`` and the ``X-RateLimit-*`` headers."""
-        now = time.time()
-        window = int(now // 60) * 60
-        key = (user_id, path)
-        start, count, previous = self._rate.get(key, (window, 0, 0))
-        if start != window:
-            previous = count if start == window - 60 else 0
-            start, count = window, 0
-        weight = (60 - (now - start)) / 60
-        rate = previous * weight + count
-        headers = {
-            "X-RateLimit-Limit": str(self.rate_limit),
-            "X-RateLimit-Remaining": str(max(0, int(self.rate_limit - rate - 1))),
-            "X-RateLimit-Reset": str(int(start + 60 + self.clock_offset)),
-        }
-        if self.rate_limit >= 0 and rate >= self.rate_limit:
-            self._rate[key] = (start, count, previous)
-            raise SimError(
-                429,
-                f"You've been rate limited for sending more than {self.rate_limit} "
-                "requests in 1m0s.",
-                headers={**headers, "X-RateLimit-Remaining": "0", "Retry-After": "60"},
-            )
-        self._rate[key] = (start, count + 1, previous)
-        return headers

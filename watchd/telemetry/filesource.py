@@ -13,7 +13,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from watchd import logs
+from watchd.kits import logs
 from watchd.telemetry.events import EventSink, EventSource
 from watchd.telemetry.ingest import IngestError, parse_batch
 

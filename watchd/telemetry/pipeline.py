@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from watchd import logs
+from watchd.kits import logs
 from watchd.telemetry.events import QueueSink
 from watchd.telemetry.spans import SpanConverter
 

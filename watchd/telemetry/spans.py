@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchd.secrets import REGISTRY
+from watchd.kits.redaction import REGISTRY
 from watchd.telemetry.events import EventSource
 
 MS = 1_000_000  # ns per ms

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from watchd import logs
 from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.config import QuotaConfig
+from watchd.config.watching import QuotaConfig
 from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
+from watchd.kits import logs
 
 log = logs.get("watchd.quota")
 

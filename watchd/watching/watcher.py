@@ -33,8 +33,6 @@ from dataclasses import dataclass
 
 import structlog
 
-from watchd import logs
-from watchd.coder.backoff import Backoff
 from watchd.coder.client import CoderClient, Listing
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import IDLE_STATUSES, Chat, Quota, WatchEvent, WorkspaceBuild
@@ -48,6 +46,8 @@ from watchd.coder.watchstream import (
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
 from watchd.detection.health import IdentityHealth
+from watchd.kits import logs
+from watchd.kits.backoff import Backoff
 from watchd.store.chats import Change, ChatRecord, ChatStore
 
 log = logs.get("watchd.watching")

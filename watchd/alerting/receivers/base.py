@@ -15,10 +15,10 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from watchd import logs
 from watchd.alerting.model import Alert
-from watchd.coder.backoff import retry_hint
-from watchd.secrets import REGISTRY
+from watchd.kits import logs
+from watchd.kits.backoff import retry_hint
+from watchd.kits.redaction import REGISTRY
 
 log = logs.get("watchd.alerting")
 

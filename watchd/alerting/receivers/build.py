@@ -14,7 +14,9 @@ from watchd.alerting.receivers.simple import (
     WebhookNotifier,
 )
 from watchd.alerting.receivers.slack import SlackNotifier
-from watchd.config import Config, ReceiverConfig, ResolvedSecrets
+from watchd.config.alerting import ReceiverConfig
+from watchd.config.model import Config
+from watchd.config.secrets import ResolvedSecrets
 
 
 def build_one(

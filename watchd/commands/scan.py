@@ -7,22 +7,28 @@ can under-report how long a chat has been stuck, never over-report).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
 
-from watchd.clock import ServerClock
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.transport import Transport
-from watchd.config import Config, ResolvedSecrets, format_duration
-from watchd.detection.budgets import alert_name, budget
+from watchd.commands.configuring import load_config_or_report
+from watchd.config.fields import format_duration
+from watchd.config.model import Config
+from watchd.config.secrets import ResolvedSecrets, resolve_secrets
+from watchd.detection.budgets import past_budget
 from watchd.detection.diagnosis import Facts, hint
+from watchd.kits.clock import ServerClock
+from watchd.kits.redaction import REGISTRY
+from watchd.remediation.policies import compile_policies, match_policy
 from watchd.store.chats import ChatStore
-from watchd.sweeping import compile_policies, match_policy
 
 # Diagnosis costs up to three requests per chat; past this many stuck chats per
 # identity the scan reports them without a hint rather than hammer Coder.
@@ -68,15 +74,15 @@ async def scan_identity(
     now = clock.now()
     store.apply_listing(name, chats, now=now, started=now)
     for rec in store.records(name):
-        limit = budget(budgets, rec.status)
-        age = now - rec.since
-        if limit is None or age < limit:
+        over = past_budget(budgets, rec, now=now)
+        if over is None:
             continue
+        age, limit = over.age, over.budget
         entry: dict[str, Any] = {
             "chat_id": rec.chat_id,
             "title": rec.title,
             "status": rec.status,
-            "alertname": alert_name(rec.status),
+            "alertname": over.alert,
             "time_in_status_seconds": round(age),
             "time_in_status": format_duration(age),
             "budget": format_duration(limit),
@@ -164,3 +170,19 @@ def render(results: list[ScanResult]) -> str:
                 f"{w['title'][:50]!r} (policy {w['policy']})  {w['chat_id']}"
             )
     return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    config = load_config_or_report(args)
+    if config is None:
+        return 2
+    # Tokens only: a receiver's secret has nothing to do with listing chats, and an
+    # identity whose token is unavailable is reported while the others are scanned.
+    secrets = resolve_secrets(config, receivers=(), server=False, strict=False)
+    results = asyncio.run(scan(config, secrets))
+    # Last line of defence: whatever a server echoed (a token in an error) is scrubbed.
+    if args.json:
+        print(REGISTRY.scrub(json.dumps({"results": [asdict(r) for r in results]}, indent=1)))
+    else:
+        print(REGISTRY.scrub(render(results)))
+    return exit_code(results)

@@ -6,6 +6,8 @@ configuration work?" and exits 0 only when both sends were accepted.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import socket
 import sys
 import time
@@ -15,7 +17,9 @@ import aiohttp
 from watchd.alerting.model import Alert, fingerprint
 from watchd.alerting.receivers.base import Notification, NotifyError
 from watchd.alerting.receivers.build import build_one
-from watchd.config import Config, ResolvedSecrets
+from watchd.commands.configuring import load_config_or_report, print_problems
+from watchd.config.model import Config
+from watchd.config.secrets import ResolvedSecrets, resolve_secrets
 
 
 async def send(config: Config, secrets: ResolvedSecrets, receiver: str) -> int:
@@ -55,3 +59,24 @@ async def send(config: Config, secrets: ResolvedSecrets, receiver: str) -> int:
                 return 1
             print(f"{state.status} notification accepted by {receiver} ({rc.kind})")
     return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    config = load_config_or_report(args)
+    if config is None:
+        return 2
+    if args.receiver not in {r.name for r in config.receivers}:
+        print(
+            f"test-alert failed: no receiver named {args.receiver!r} (have: "
+            f"{', '.join(r.name for r in config.receivers)})",
+            file=sys.stderr,
+        )
+        return 1
+    # Only this receiver's secret: no token, no other receiver's key is read.
+    secrets = resolve_secrets(
+        config, identities=False, receivers={args.receiver}, server=False, strict=False
+    )
+    if secrets.problems:
+        print_problems(secrets.problems, f"test-alert failed: {args.receiver}'s secret:")
+        return 1
+    return asyncio.run(send(config, secrets, args.receiver))

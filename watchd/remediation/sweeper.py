@@ -1,42 +1,26 @@
-"""The opt-in sweep: interrupt and archive chats that policies say are done for.
-
-Off by default, and dry-run by default when on. Each pass matches every ready
-identity's chats against the policies (first match wins) on the server's
-clock. ``requires_action`` chats are never touched. Interrupt is
-asynchronous: a chat is archived only once it settled (``waiting``/``error``),
-within ``settle_timeout``; a subagent's archive goes to its root. 409s are
-answers, not failures to retry in a loop: "nothing to interrupt" ends the
-interrupt, "still active" waits for a later pass (three tries), and "Chat is
-in an invalid state." is its own answer: the chat is never recorded as
-interrupted or archived, stuck alerts say so, and only with
-``reconcile_invalid`` opted in is ``POST …/reconcile-invalid`` called (once,
-rate-bounded, dry-run respected) before the chat is handled normally.
-``orchestrator`` chats (one long-lived chat per user) are left alone unless
-a policy names them with a ``mode`` matcher. Every decision and action goes
-to the audit log (JSON lines), to ``/status``, and through the alert
-pipeline as ChatSwept; progress lives in SQLite so a restart mid-sweep never
-acts twice. A dry run's plan is not an action: it never blocks a real run.
+"""The sweeper: one pass after another over the ready identities' chats, and the
+actions on one chat (interrupt, wait to settle, archive, the invalid-state answer),
+within the identity's action rate and ``concurrency``; progress is kept in SQLite so
+a restart never acts twice. The package docstring says what the sweep does and why.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
 
-from watchd import logs
-from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.transport import RateLimiter
-from watchd.config import SweepConfig, SweepPolicy
+from watchd.config.sweep import SweepConfig, SweepPolicy
 from watchd.detection.health import IdentityHealth
-from watchd.matchers import Matcher, all_match, parse_matchers
+from watchd.kits import logs
+from watchd.kits.ratelimit import RateLimiter
+from watchd.remediation.announcing import Ledger, announcement, expire_announcements
+from watchd.remediation.audit import AuditLog
+from watchd.remediation.policies import compile_policies, match_policy
 from watchd.store.chats import ChatRecord, ChatStore
 from watchd.store.persistence import StateDB, SweepEntry
 
@@ -49,57 +33,11 @@ TERMINAL = frozenset({"interrupted", "archived", "gave_up", "planned"})
 # "invalid": a mutation answered 409 "Chat is in an invalid state."; waits for the
 # operator (or reconcile_invalid) and is not retried in a loop.
 WAITING = frozenset({"invalid"})
-AUDIT_KEEP = 200
-
-
-class Ledger(Protocol):
-    """What the sweep needs of the detector's firing-alert ledger."""
-
-    @property
-    def firing(self) -> Mapping[str, Alert]: ...
-
-    def raise_alert(self, alert: Alert, *, identity: str) -> None: ...
-
-    def clear_alert(self, fp: str, *, why: str) -> None: ...
-
-
-def compile_policies(config: SweepConfig) -> list[tuple[SweepPolicy, tuple[Matcher, ...]]]:
-    return [(p, parse_matchers(p.matchers)) for p in config.policies]
-
-
-def match_policy(
-    policies: list[tuple[SweepPolicy, tuple[Matcher, ...]]],
-    rec: ChatRecord,
-    *,
-    now: float,
-    labels: Mapping[str, str],
-) -> SweepPolicy | None:
-    """The first policy that applies to a chat now (never for requires_action). Pure."""
-    if rec.status == "requires_action":
-        return None
-    all_labels = {
-        **labels,
-        "identity": rec.identity,
-        "owner": rec.owner,
-        "status": rec.status,
-        "chat_id": rec.chat_id,
-        "mode": rec.mode,
-        **{f"chat_label_{k}": v for k, v in rec.labels},
-    }
-    orchestrator = rec.mode == "orchestrator"
-    for policy, matchers in policies:
-        if orchestrator and not any(m.name == "mode" for m in matchers):
-            continue  # an orchestrator is swept only by a policy that names it
-        if (
-            rec.status in policy.status
-            and now - rec.since >= policy.older_than
-            and all_match(matchers, all_labels)
-        ):
-            return policy
-    return None
 
 
 class Sweeper:
+    """One sweep pass after another: match, then act on each chat within its limits."""
+
     def __init__(
         self,
         *,
@@ -124,9 +62,10 @@ class Sweeper:
         # Where ChatSwept fires and resolves: the detector's persisted set of firing alerts,
         # so an announcement's resolve survives a restart (a timer would not).
         self.ledger = ledger
-        self.audit_path = audit_path
+        self.audit = AuditLog(audit_path)
         self.labels = labels
-        self.recent: deque[dict[str, Any]] = deque(maxlen=AUDIT_KEEP)
+        # The audit's last lines, for /status (a reload carries them over).
+        self.recent = self.audit.recent
         self.counts = {
             "planned": 0,
             "interrupted": 0,
@@ -146,7 +85,7 @@ class Sweeper:
             await self.sweep_once()
 
     async def sweep_once(self) -> None:
-        self._expire_announcements()
+        expire_announcements(self.ledger, announce_for=self.config.announce_for)
         jobs = []
         # Chats already interrupted by an earlier pass (or an earlier process) come first.
         for entry in self.db.sweep_in_state("interrupt_sent") + self.db.sweep_in_state("retry"):
@@ -257,8 +196,8 @@ class Sweeper:
                 return
             entry = replace(entry, state="interrupt_sent", updated=time.time())
             self.db.sweep_put(entry)
-            self._audit(
-                entry, action="interrupt", rec=rec, policy=policy, dry_run=False, detail=detail
+            self.audit.write(
+                entry, action="interrupt", rec=rec, policy=policy.name, dry_run=False, detail=detail
             )
             if status not in SETTLED:
                 return
@@ -366,11 +305,11 @@ class Sweeper:
         # Reconciled: the chat is now in `error`; later passes treat it like any other.
         entry = replace(entry, state="retry", updated=time.time(), detail="reconciled")
         self.db.sweep_put(entry)
-        self._audit(
+        self.audit.write(
             entry,
             action="reconcile_invalid",
             rec=rec,
-            policy=policy,
+            policy=policy.name,
             dry_run=False,
             detail=f"{said}; reconcile-invalid accepted (the chat moves to error)",
         )
@@ -416,41 +355,13 @@ class Sweeper:
         entry = replace(entry, state=state, updated=time.time(), detail=detail)
         self.db.sweep_put(entry)
         self.counts[state if state in self.counts else "errors"] += 1
-        self._audit(entry, action=action, rec=rec, policy=policy, dry_run=dry_run, detail=detail)
+        self.audit.write(
+            entry, action=action, rec=rec, policy=policy.name, dry_run=dry_run, detail=detail
+        )
         if action != "none" or state == "gave_up":
             self._announce(
                 entry, rec=rec, policy=policy, action=action, dry_run=dry_run, detail=detail
             )
-
-    def _audit(
-        self,
-        entry: SweepEntry,
-        *,
-        action: str,
-        rec: ChatRecord | None,
-        policy: SweepPolicy,
-        dry_run: bool,
-        detail: str,
-    ) -> None:
-        line = {
-            "time": time.time(),
-            "identity": entry.identity,
-            "chat_id": entry.chat_id,
-            "title": rec.title if rec else "",
-            "policy": policy.name,
-            "action": action,
-            "state": entry.state,
-            "dry_run": dry_run,
-            "detail": detail,
-        }
-        self.recent.append(line)
-        try:
-            self.audit_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.audit_path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(line) + "\n")
-        except OSError as exc:
-            log.error("sweep.audit_failed", path=str(self.audit_path), error=str(exc))
-        log.warning("sweep.action" if not dry_run else "sweep.dry_run", **line)
 
     def _announce(
         self,
@@ -463,42 +374,17 @@ class Sweeper:
         detail: str,
     ) -> None:
         h = self.health.get(entry.identity)
-        deployment = h.deployment if h else ""
-        labels = {
-            **self.labels(entry.identity),
-            "alertname": "ChatSwept",
-            "identity": entry.identity,
-            "deployment": deployment,
-            "chat_id": entry.chat_id,
-            "policy": policy.name,
-            "action": action,
-            "dry_run": "true" if dry_run else "false",
-            "severity": "info",
-            "status": entry.state,
-        }
-        verb = f"would {action}" if dry_run else entry.state.replace("_", " ")
-        alert = Alert(
-            fingerprint=fingerprint(
-                deployment, entry.chat_id, "ChatSwept", policy.name, entry.since
-            ),
-            labels=labels,
-            starts_at=time.time(),
-            annotations={
-                "summary": f'Sweep {verb}: chat "{rec.title if rec else entry.chat_id}" '
-                f"(policy {policy.name})",
-                "title": rec.title if rec else "",
-                "detail": detail,
-            },
+        alert = announcement(
+            entry,
+            rec=rec,
+            policy=policy.name,
+            action=action,
+            dry_run=dry_run,
+            detail=detail,
+            deployment=h.deployment if h else "",
+            labels=self.labels(entry.identity),
         )
         self.ledger.raise_alert(alert, identity=entry.identity)
-
-    def _expire_announcements(self) -> None:
-        """ChatSwept announcements resolve after ``announce_for`` (checked every pass, on
-        firing alerts the detector persisted: a restart in between resolves them too)."""
-        cutoff = time.time() - self.config.announce_for
-        for fp, alert in list(self.ledger.firing.items()):
-            if alert.name == "ChatSwept" and alert.starts_at <= cutoff:
-                self.ledger.clear_alert(fp, why="announced long enough")
 
     def _limiter(self, identity: str) -> RateLimiter:
         lim = self._limiters.get(identity)

@@ -7,6 +7,7 @@ minutes, so stuck, stranded and resolved chats all show within a minute.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -16,7 +17,9 @@ import tempfile
 import time
 from typing import TextIO
 
-from watchd.config import Config, parse_config, resolve_secrets
+from watchd.config.loading import parse_config
+from watchd.config.model import Config
+from watchd.config.secrets import resolve_secrets
 from watchd.daemon.app import Daemon
 from watchd.daemon.preflight import StartupError, check_listen
 from watchd.sim.scenarios import demo as demo_scenario
@@ -155,7 +158,8 @@ async def _narrate(daemon: Daemon, out: TextIO) -> None:
             )
 
 
-def main(duration: float, listen: str) -> int:
+def main(args: argparse.Namespace) -> int:
+    duration, listen = args.duration, args.listen
     busy = check_listen(listen, setting="--listen")
     if busy:
         print(f"watchd demo: cannot start: {busy}; pick another with --listen", file=sys.stderr)

@@ -19,9 +19,12 @@ from typing import Any
 
 import aiohttp
 
-from watchd import secrets
-from watchd.config import ConfigError, load_config, parse_duration, resolve_admin_token
-from watchd.matchers import MatcherError, parse_matchers
+from watchd.commands.configuring import config_path
+from watchd.config import secrets
+from watchd.config.fields import ConfigError, parse_duration
+from watchd.config.loading import load_config
+from watchd.config.secrets import resolve_admin_token
+from watchd.kits.matchers import MatcherError, parse_matchers
 
 TOKEN_ENV = "WATCHD_ADMIN_TOKEN"
 
@@ -41,7 +44,7 @@ def _fail(message: str) -> int:
     return 1
 
 
-def main(args: argparse.Namespace, *, config_path: str) -> int:
+def main(args: argparse.Namespace) -> int:
     import asyncio
 
     if args.action == "add":
@@ -61,7 +64,7 @@ def main(args: argparse.Namespace, *, config_path: str) -> int:
         token = secrets.read_secret_env(TOKEN_ENV, what=f"${TOKEN_ENV}")
     if url is None or token is None:
         try:
-            config = load_config(config_path)
+            config = load_config(config_path(args.config))
         except ConfigError as exc:
             if url is None:
                 print("invalid configuration (give --url to do without it):", file=sys.stderr)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
-from watchd.clock import parse_http_date
+from watchd.kits.clock import parse_http_date
 
 
 class Backoff:

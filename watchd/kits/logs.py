@@ -16,25 +16,7 @@ from typing import Any, TextIO
 
 import structlog
 
-from watchd.secrets import REGISTRY
-
-
-def _scrub(value: Any) -> Any:
-    if isinstance(value, str):
-        return REGISTRY.scrub(value)
-    if isinstance(value, dict):
-        return {k: _scrub(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_scrub(v) for v in value)
-    return value
-
-
-def redact_secrets(
-    _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
-) -> MutableMapping[str, Any]:
-    for key, value in list(event_dict.items()):
-        event_dict[key] = _scrub(value)
-    return event_dict
+from watchd.kits.redaction import redact_secrets
 
 
 def _one_line(

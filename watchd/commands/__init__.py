@@ -1,0 +1,1 @@
+"""The sub-commands of ``watchd``, one module each, imported only when that command runs."""

@@ -1,0 +1,118 @@
+"""What is watched and how it is judged: identities, status budgets, detection, quota."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from watchd.config.fields import (
+    TICK,
+    Budget,
+    HttpUrl,
+    Strict,
+    exactly_one_ref,
+    floor,
+    parse_duration,
+)
+
+
+class Budgets(Strict):
+    """Time in status before ChatStuck / ChatStranded fires."""
+
+    # Older servers' queue state; a chat waiting this long for a worker is not scheduling.
+    pending: Budget = 600.0
+    # A turn with model and tool steps rarely exceeds 30 min; fleets set requestTimeoutMs below it.
+    running: Budget = 1800.0
+    # Interrupt finalisation is seconds; 2 min covers a dead runner's lease expiry + rescan.
+    interrupting: Budget = 120.0
+    # The server cancels client-tool pauses after 5 min; 15 min means that failed too.
+    requires_action: Budget = 900.0
+    # Statuses this build does not know are treated as active with this budget.
+    default: Budget = 1800.0
+    # Optional second clock: `running` with no server-side progress (updated_at unmoved).
+    # Off by default: capacity queueing legitimately makes no progress for a long time.
+    stalled: Budget | None = None
+    # Budgets for statuses that are not named above (a newer server's statuses).
+    other: dict[str, Budget] = Field(default_factory=dict)
+
+    def for_status(self, status: str) -> float:
+        fixed = {
+            "pending": self.pending,
+            "running": self.running,
+            "interrupting": self.interrupting,
+            "requires_action": self.requires_action,
+        }
+        if status in fixed:
+            return fixed[status]
+        return self.other.get(status, self.default)
+
+
+class IdentityConfig(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+    url: HttpUrl
+    token_file: str | None = None
+    token_env: str | None = None
+    token_credential: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    # Coder allows ~512 req/min per user per endpoint; 300 across all endpoints leaves room
+    # for the agents that share the token.
+    requests_per_minute: Annotated[int, Field(ge=10, le=6000)] = 300
+    # How long an identity may fail to watch or list before IdentityUnhealthy fires:
+    # long enough to ride out a Coder rolling restart, short enough to matter.
+    unhealthy_after: Annotated[float, BeforeValidator(parse_duration), floor(1.0, TICK)] = 120.0
+    # Chats per listing page. coderd has no maximum; 500 lists 50 000 chats in 100
+    # requests and keeps the moving-cursor window short (docs/coder-api.md).
+    page_size: Annotated[int, Field(ge=1, le=2**31 - 1)] = 500
+    budgets: Budgets | None = None
+
+    @model_validator(mode="after")
+    def _one_token(self) -> IdentityConfig:
+        exactly_one_ref(self, "token")
+        return self
+
+
+class DetectionConfig(Strict):
+    # Confirmation GETs per identity per second: a burst of due chats must not exhaust
+    # Coder's per-endpoint budget (512/min) that the agents also draw on.
+    confirm_rate: Annotated[float, Field(gt=0, le=50)] = 4.0
+    # When this many chats of one identity are due together, one listing is cheaper
+    # than that many GETs.
+    confirm_listing_threshold: Annotated[int, Field(ge=1)] = 20
+    # Report `error` chats as ChatFailed (off: an errored chat is the user's to resume).
+    chat_failed: bool = False
+
+
+class QuotaConfig(Strict):
+    """Workspace-quota headroom per identity (premium deployments)."""
+
+    enabled: bool = True
+    # Quota moves with workspace builds, not chat events; every 5 min keeps the
+    # diagnosis current at one request per identity.
+    interval: Annotated[float, BeforeValidator(parse_duration), floor(1.0, TICK)] = 300.0
+    # Org and user default to the token's own (users/me); set them to watch another.
+    organization: str | None = None
+    user: str = "me"
+    # QuotaLow when budget − consumed drops under this: credits ("20") or percent ("10%").
+    low: str | None = "10%"
+
+    @field_validator("low")
+    @classmethod
+    def _low(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        text = v.strip()
+        number = text[:-1] if text.endswith("%") else text
+        try:
+            if float(number) < 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{v!r} is neither a credit count nor a percentage") from None
+        return text
+
+    def threshold(self, budget: int) -> float | None:
+        if self.low is None or budget < 0:
+            return None
+        if self.low.endswith("%"):
+            return budget * float(self.low[:-1]) / 100.0
+        return float(self.low)

@@ -1,0 +1,22 @@
+"""Remediation, the opt-in sweep: interrupt and archive chats that policies say are done for.
+
+Off by default, and dry-run by default when on. Each pass matches every ready
+identity's chats against the policies (first match wins) on the server's
+clock. ``requires_action`` chats are never touched. Interrupt is
+asynchronous: a chat is archived only once it settled (``waiting``/``error``),
+within ``settle_timeout``; a subagent's archive goes to its root. 409s are
+answers, not failures to retry in a loop: "nothing to interrupt" ends the
+interrupt, "still active" waits for a later pass (three tries), and "Chat is
+in an invalid state." is its own answer: the chat is never recorded as
+interrupted or archived, stuck alerts say so, and only with
+``reconcile_invalid`` opted in is ``POST …/reconcile-invalid`` called (once,
+rate-bounded, dry-run respected) before the chat is handled normally.
+``orchestrator`` chats (one long-lived chat per user) are left alone unless
+a policy names them with a ``mode`` matcher. Every decision and action goes
+to the audit log (JSON lines), to ``/status``, and through the alert
+pipeline as ChatSwept; progress lives in SQLite so a restart mid-sweep never
+acts twice. A dry run's plan is not an action: it never blocks a real run.
+"""
+
+# policies (which policy applies, pure), sweeper (the passes and the actions on one
+# chat), audit (the JSON-lines trail), announcing (ChatSwept through the ledger).
