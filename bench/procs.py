@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -17,6 +18,38 @@ from typing import Any
 import yaml
 
 TICKS = os.sysconf("SC_CLK_TCK")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def shipped_python() -> str:
+    """A Python with watchd's runtime dependencies only, as ``pip install watchd`` gives
+    (no dev extras: e.g. import-linter's ``rich``, which structlog would import), built
+    once per dependency list in the temp folder and reused. The daemon under it imports
+    this working tree (``python -m watchd`` from the repository root)."""
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    key = hashlib.sha256("\n".join([sys.version, *deps]).encode()).hexdigest()[:12]
+    venv = Path(tempfile.gettempdir()) / f"watchd-bench-shipped-{key}"
+    python = venv / "bin" / "python"
+    if not (venv / ".complete").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *deps],
+            check=True,
+        )
+        (venv / ".complete").write_text("\n".join(deps))
+    return str(python)
+
+
+def compiled_env() -> dict[str, str]:
+    """The environment of an installed watchd: byte-code compiled once and reused (pip
+    and the Dockerfile compile it at install time; PYTHONDONTWRITEBYTECODE, set on this
+    machine, would make every start compile the sources again). The cache lives in the
+    temp folder, never in the working tree."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / "watchd-bench-pycache")
+    return env
 
 
 def cpu_seconds(pid: int) -> float:
@@ -115,6 +148,8 @@ class Daemon:
         *,
         extra: dict[str, Any] | None = None,
         identity_extra: dict[str, Any] | None = None,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="watchd-bench-"))
         self.listen = f"127.0.0.1:{free_port()}"
@@ -148,7 +183,7 @@ class Daemon:
         log_to = os.environ.get("BENCH_DAEMON_LOG")
         self.proc = subprocess.Popen(
             [
-                sys.executable,
+                python,
                 "-m",
                 "watchd",
                 "--log-level",
@@ -159,6 +194,8 @@ class Daemon:
             ],
             stdout=subprocess.DEVNULL,
             stderr=open(log_to, "ab") if log_to else subprocess.DEVNULL,  # noqa: SIM115
+            cwd=ROOT,
+            env=env,
         )
         self.profiler = _profile(self.proc.pid)
 

@@ -1,8 +1,15 @@
-"""The package's shape: no import circle anywhere in watchd."""
+"""The package's shape: no import circle anywhere in watchd, and `run` imports only
+what it uses."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import grimp
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
@@ -69,3 +76,19 @@ def test_the_cycle_finder_finds_a_circle() -> None:
     graph.add_import(importer="p.c", imported="p.a")
     graph.add_import(importer="p.d", imported="p.a")
     assert _cycles(graph) == [["p.a", "p.b", "p.c"]]
+
+
+def test_run_imports_only_what_a_plain_daemon_uses() -> None:
+    """`watchd run` with no exporter and no sweep imports no simulator, demo, scan, sweep,
+    OpenTelemetry SDK or protobuf (the sidecar's footprint); a fresh interpreter proves it."""
+    probe = (
+        "import sys, watchd.cli, watchd.commands.run, watchd.daemon.app; "
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
+    unwanted = ("watchd.sim", "watchd.commands.demo", "watchd.commands.scan", "watchd.remediation")
+    unwanted += ("watchd.telemetry.export", "opentelemetry.sdk", "google.protobuf", "grpc")
+    assert [m for m in loaded if m.startswith(unwanted)] == []
+    assert "watchd.daemon.app" in loaded  # the probe did import the daemon

@@ -16,7 +16,7 @@ import sqlite3
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import aiohttp
 
@@ -46,11 +46,14 @@ from watchd.daemon.view import HISTORY_EVERY, ChatHistory
 from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
 from watchd.kits import logs
-from watchd.remediation.sweeper import Sweeper
 from watchd.store.chats import ChatStore
 from watchd.telemetry.events import EventSink, EventSource, NullSink
 from watchd.telemetry.filesource import FileSource
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
+
+if TYPE_CHECKING:
+    # Imported when a sweep is configured (_make_sweeper): most daemons never sweep.
+    from watchd.remediation.sweeper import Sweeper
 
 log = logs.get("watchd.daemon")
 
@@ -361,6 +364,8 @@ class Daemon:
     def _make_sweeper(self, config: Config) -> Sweeper | None:
         if not config.sweep.enabled:
             return None
+        from watchd.remediation.sweeper import Sweeper
+
         return Sweeper(
             config=config.sweep,
             store=self.store,

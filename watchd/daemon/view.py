@@ -13,7 +13,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import fingerprint
@@ -26,7 +26,6 @@ from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.detection.health import IdentityHealth
 from watchd.kits.tasks import TASKS, TaskRegistry
-from watchd.remediation.sweeper import Sweeper
 from watchd.store.chats import ChatStore
 from watchd.store.persistence import StateDB
 from watchd.telemetry.filesource import FileSource
@@ -38,6 +37,9 @@ STALE_HEARTBEAT = 5.0
 # Task kinds that belong to one identity: their crash loops make the identity unhealthy
 # (IdentityUnhealthy); any other task's crash loop makes the process unhealthy.
 IDENTITY_TASKS = frozenset({"watch", "reconcile", "quota", "confirm"})
+if TYPE_CHECKING:
+    from watchd.remediation.sweeper import Sweeper  # imported only when sweeping
+
 HISTORY_WINDOW = 3600.0  # the status chart's span: the last hour
 HISTORY_EVERY = 30.0  # one sample of chats-by-status per identity this often
 
