@@ -483,3 +483,53 @@ def test_a_secret_echoed_into_an_error_never_reaches_a_span() -> None:
         ]
     )
     assert secret not in spans[0].description and "[REDACTED]" in spans[0].description
+
+
+def _event_corpus() -> list[Any]:
+    """Valid events of every type, and each one broken every way a field can be."""
+    base: dict[str, dict[str, Any]] = {
+        "http:request": {"id": "r1", "method": "GET", "path": "/api/v2/chats"},
+        "http:response": {"id": 7, "method": "GET", "path": "/x", "status": 200, "durationMs": 3},
+        "http:error": {"id": "r", "method": "GET", "path": "/x", "message": "m", "durationMs": 1.5},
+        "ws:dial": {"chatId": "c", "attempt": 1, "url": "wss://x"},
+        "ws:open": {"chatId": "c", "attempt": 1},
+        "ws:event": {"chatId": "c", "attempt": 1, "event": {"kind": "status_change"}},
+        "ws:close": {"chatId": "c", "attempt": 1, "code": 1000, "reason": "bye"},
+        "ws:error": {"chatId": "c", "attempt": 2, "message": "m"},
+        "ws:redial": {
+            "chatId": "c",
+            "attempt": 2,
+            "consecutiveFailures": 1,
+            "maxConsecutiveFailures": 5,
+            "backoffMs": 250,
+        },
+        "segment:start": {"segment": 1, "chatId": "c"},
+        "segment:settle": {"segment": 1, "durationMs": 9, "ok": True, "finishReason": "stop"},
+    }
+    wrong: list[Any] = [None, True, False, "s", 3, -1, 2.5, [], {}]
+    out: list[Any] = [None, "event", 3, [], {"timestamp": 1}, {"type": 5, "timestamp": 1}]
+    out.append({"type": "nope", "timestamp": 1})
+    for kind, fields in base.items():
+        good = {"type": kind, "timestamp": 1_764_437_000_000, **fields}
+        out.append(good)
+        for name in [*good, "reader", "code", "reason", "ok", "status", "error", "event"]:
+            out.append({k: v for k, v in good.items() if k != name})
+            out.extend({**good, name: value} for value in wrong)
+    return out
+
+
+def test_the_fast_event_check_agrees_with_the_explaining_one() -> None:
+    """valid_event accepts exactly what check_event accepts, over every type and every
+    field set missing or to each wrong JSON type (so the fast path changes no answer)."""
+    from watchd.telemetry.ingest import check_event, valid_event
+
+    answers = []
+    for ev in _event_corpus():
+        try:
+            check_event(ev, "e")
+            accepted = True
+        except IngestError:
+            accepted = False
+        assert valid_event(ev) is accepted, ev
+        answers.append(accepted)
+    assert answers.count(True) > 100 and answers.count(False) > 500  # both sides exercised

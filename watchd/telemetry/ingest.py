@@ -76,6 +76,18 @@ OPTIONAL: dict[str, tuple[type, ...]] = {
 }
 
 
+# The same rules as check_event, as tables for the fast path (valid_event).
+_CHECKS: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
+    kind: tuple(
+        (name, types)
+        for name, types in fields.items()
+        if not (kind == "segment:start" and name == "chatId")
+    )
+    for kind, fields in REQUIRED.items()
+}
+_OPTIONAL = tuple(OPTIONAL.items())
+
+
 class IngestError(ValueError):
     """A batch that cannot be accepted; the message names where and what."""
 
@@ -121,6 +133,34 @@ def check_event(ev: Any, where: str) -> dict[str, Any]:
         ):
             raise IngestError(f"{where}.{name}: must be {'/'.join(t.__name__ for t in types)}")
     return ev
+
+
+def valid_event(ev: Any) -> bool:
+    """Whether :func:`check_event` would accept ``ev``, without building the name of
+    where it is: the per-event cost of a batch that is all valid (the usual one). A
+    False answer is explained by calling check_event (tests pin the two together)."""
+    if not isinstance(ev, dict):
+        return False
+    kind = ev.get("type")
+    if not isinstance(kind, str):
+        return False
+    checks = _CHECKS.get(kind)
+    if checks is None:
+        return False
+    ts = ev.get("timestamp")
+    if ts is None or ts.__class__ is bool or not isinstance(ts, _NUM) or ts < 0:
+        return False
+    for name, types in checks:
+        value = ev.get(name)
+        if value is None or value.__class__ is bool or not isinstance(value, types):
+            return False
+    for name, types in _OPTIONAL:
+        value = ev.get(name)
+        if value is not None and (
+            (value.__class__ is bool and bool not in types) or not isinstance(value, types)
+        ):
+            return False
+    return True
 
 
 def parse_batch(
@@ -218,4 +258,7 @@ def _envelope(obj: dict[str, Any], where: str) -> list[tuple[EventSource, dict[s
         raise IngestError(f"{where}.events: expected a list")
     if len(events) > MAX_EVENTS_PER_BATCH:
         raise IngestError(f"{where}.events: more than {MAX_EVENTS_PER_BATCH} events")
-    return [(source, check_event(ev, f"{where}.events[{i}]")) for i, ev in enumerate(events)]
+    for i, ev in enumerate(events):
+        if not valid_event(ev):
+            check_event(ev, f"{where}.events[{i}]")  # raises, naming the field
+    return [(source, ev) for ev in events]
