@@ -168,3 +168,44 @@ def _health(name: str) -> IdentityHealth:
         server_clock=ServerClock(),
         unhealthy_after=60,
     )
+
+
+async def test_an_aggregation_group_overflow_is_in_metrics_and_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An alert refused a new group at the group limit shows up in /metrics
+    (watchd_alert_group_overflow_total) and /status (group_overflow), not only a log line."""
+    from watchd.alerting import dispatch, routing
+    from watchd.alerting.model import Alert
+    from watchd.alerting.silencing import Inhibitor, Silencer
+    from watchd.config.alerting import RouteConfig
+    from watchd.config.loading import parse_config
+    from watchd.config.secrets import resolve_secrets
+    from watchd.daemon.app import Daemon
+    from watchd.daemon.status import status_document
+
+    monkeypatch.setattr(dispatch, "MAX_GROUPS", 0)
+    monkeypatch.setenv("WATCHD_TEST_TOKEN", "token-value-0123456789")
+    config = parse_config(
+        {
+            "identities": [
+                {"name": "a", "url": "https://coder.example.com", "token_env": "WATCHD_TEST_TOKEN"}
+            ],
+            "state_dir": str(tmp_path),
+            "telemetry": {"exporter": "none"},
+        }
+    )
+    d = Daemon(config, resolve_secrets(config))
+    try:
+        route = routing.build(RouteConfig.model_validate({"receiver": "r"}))
+        d.dispatcher = dispatch.Dispatcher(
+            route=route, notifiers={}, db=d.db, silencer=Silencer([]), inhibitor=Inhibitor([])
+        )
+        d.dispatcher.stats["r"] = dispatch.ReceiverStats()
+        d.dispatcher.put(Alert(fingerprint="f", labels={"alertname": "X"}, starts_at=1.0))
+        assert "watchd_alert_group_overflow_total 1.0" in d.metrics.render().decode()
+        doc = await status_document(d)
+        assert doc["group_overflow"] == 1 and doc["receivers"]["r"]["dropped"] == 1
+    finally:
+        d.state_lock.release()
+        d.db.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from watchd.config.watching import Budgets
 from watchd.detection.budgets import Overdue, past_budget
-from watchd.store.chats import ChatRecord
+from watchd.store.records import ChatRecord
 
 
 def record(status: str, *, since: float = 0.0, updated_at: float | None = None) -> ChatRecord:

@@ -1,4 +1,8 @@
-"""The dispatcher: grouping, silences, inhibition, retries, the log, restarts."""
+"""The dispatcher: grouping, silences, inhibition, retries, the log, restarts.
+
+On a virtual loop clock (looptime): every send is noted at its loop time, so the
+schedule (group_wait, group_interval, repeat_interval, backoff) is asserted exactly.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
+from watchd.alerting import dispatch as dispatch_module
 from watchd.alerting import routing
 from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import Alert
@@ -15,6 +22,18 @@ from watchd.alerting.silencing import Inhibitor, Silence, Silencer
 from watchd.config.alerting import InhibitRule, RouteConfig
 from watchd.kits.matchers import parse_matchers
 from watchd.store.persistence import StateDB
+
+pytestmark = pytest.mark.looptime
+
+# group_wait 30s, group_interval 5m, repeat_interval 4h: the defaults, in virtual time.
+WAIT, INTERVAL, REPEAT = 30.0, 300.0, 4 * 3600.0
+
+
+class LoopWall:
+    """A wall clock that follows the loop's (virtual) clock, so repeat_interval moves."""
+
+    def now(self) -> float:
+        return 1_000.0 + asyncio.get_running_loop().time()
 
 
 class Recorder:
@@ -27,11 +46,16 @@ class Recorder:
         self.rate = Rate(per_second=1000, burst=1000)
         self.sent: list[Notification] = []
         self.fail: list[NotifyError] = []
+        self.attempts: list[float] = []  # loop time of every attempt
+        self.at: list[float] = []  # loop time of every accepted send
 
     async def notify(self, n: Notification) -> None:
+        now = round(asyncio.get_running_loop().time(), 6)
+        self.attempts.append(now)
         if self.fail:
             raise self.fail.pop(0)
         self.sent.append(n)
+        self.at.append(now)
 
 
 def alert(
@@ -65,7 +89,7 @@ async def dispatcher(
     rec = rec or Recorder()
     db = db or StateDB(tmp / "state.sqlite3")
     cfg = RouteConfig.model_validate(
-        route or {"receiver": "r", "group_wait": "50ms", "group_interval": "200ms"}
+        route or {"receiver": "r", "group_wait": "30s", "group_interval": "5m"}
     )
     d = Dispatcher(
         route=routing.build(cfg),
@@ -73,6 +97,7 @@ async def dispatcher(
         db=db,
         silencer=Silencer(silences or []),
         inhibitor=Inhibitor(rules or []),
+        wall=LoopWall(),
     )
     try:
         yield d, rec, db
@@ -84,28 +109,42 @@ async def dispatcher(
                     with contextlib.suppress(asyncio.CancelledError):
                         await g.task
         else:
-            await d.close(deadline=0.5)
+            await d.close(deadline=5.0)
 
 
-async def test_many_alerts_one_notification(tmp_path: Path) -> None:
-    """200 chats stuck at once in one group produce one notification, not 200."""
+async def test_many_alerts_one_notification_at_exactly_group_wait(tmp_path: Path) -> None:
+    """200 chats stuck at once in one group produce one notification, at exactly group_wait;
+    the flushes every group_interval after it send nothing new until repeat_interval."""
     async with dispatcher(tmp_path) as (d, rec, _):
         for i in range(200):
             d.put(alert(str(i)))
-        await asyncio.sleep(0.15)
-        assert len(rec.sent) == 1 and len(rec.sent[0].alerts) == 200
-        await asyncio.sleep(0.5)
-        assert len(rec.sent) == 1, "nothing changed: no repeat before repeat_interval"
+        await asyncio.sleep(REPEAT + 2 * INTERVAL)
+        assert len(rec.sent[0].alerts) == 200
+        # The first flush after sent_at + repeat_interval repeats it: 30 s + 49 × 5 m.
+        assert rec.at == [WAIT, WAIT + 49 * INTERVAL]
+
+
+async def test_a_change_waits_for_the_next_group_interval(tmp_path: Path) -> None:
+    """An alert joining a group that has already sent goes out at the group's next
+    group_interval tick, not at once and not after a new group_wait."""
+    async with dispatcher(tmp_path) as (d, rec, _):
+        d.put(alert("1"))
+        await asyncio.sleep(WAIT + 10)
+        d.put(alert("2"))
+        await asyncio.sleep(INTERVAL)
+        assert rec.at == [WAIT, WAIT + INTERVAL]
+        assert [len(n.alerts) for n in rec.sent] == [1, 2]
 
 
 async def test_resolve_is_sent_once(tmp_path: Path) -> None:
-    """A resolved alert is notified once and then leaves the group."""
+    """A resolved alert is notified once, at the next group_interval, and then leaves the group."""
     async with dispatcher(tmp_path) as (d, rec, _):
         d.put(alert("1"))
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(WAIT + 1)
         d.put(alert("1", resolved=True))
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(3 * INTERVAL)
         assert [n.status for n in rec.sent] == ["firing", "resolved"]
+        assert rec.at == [WAIT, WAIT + INTERVAL]
         assert d.groups == {}
 
 
@@ -114,14 +153,14 @@ async def test_silenced_alerts_are_not_sent(tmp_path: Path) -> None:
     s = Silence(id="s1", matchers=parse_matchers(['identity="a"']), starts_at=0, ends_at=1e12)
     async with dispatcher(
         tmp_path,
-        route={"receiver": "r", "group_wait": "50ms", "group_by": ["alertname"]},
+        route={"receiver": "r", "group_wait": "30s", "group_by": ["alertname"]},
         silences=[s],
     ) as (d, rec, _):
         d.put(alert("1", identity="a"))
         d.put(alert("2", identity="b"))
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(WAIT + 1)
         assert [a.labels["identity"] for a in rec.sent[0].alerts] == ["b"]
-        assert d.muted["silenced"] >= 1
+        assert d.muted["silenced"] == 1
 
 
 async def test_identity_unhealthy_inhibits_its_chat_alerts(tmp_path: Path) -> None:
@@ -141,39 +180,61 @@ async def test_identity_unhealthy_inhibits_its_chat_alerts(tmp_path: Path) -> No
         )
         d.put(alert("1", identity="a"))
         d.put(alert("2", identity="b"))
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(WAIT + 1)
         sent = {(a.labels["alertname"], a.labels["identity"]) for n in rec.sent for a in n.alerts}
         assert sent == {("IdentityUnhealthy", "a"), ("ChatStuck", "b")}
 
 
-async def test_transient_failure_retries_with_retry_after(tmp_path: Path) -> None:
-    """A retryable failure is retried no sooner than Retry-After, then recorded."""
+async def test_transient_failure_retries_after_exactly_retry_after(tmp_path: Path) -> None:
+    """A retryable failure is retried after max(backoff, Retry-After) — here exactly the
+    server's 3 s — then recorded in the notification log."""
     rec = Recorder()
-    rec.fail = [NotifyError("429", retryable=True, retry_after=0.3)]
+    rec.fail = [NotifyError("429", retryable=True, retry_after=3.0)]
     async with dispatcher(
-        tmp_path, rec=rec, route={"receiver": "r", "group_wait": "10ms", "group_interval": "10s"}
+        tmp_path, rec=rec, route={"receiver": "r", "group_wait": "30s", "group_interval": "1m"}
     ) as (d, _, db):
         d.put(alert("1"))
-        await asyncio.sleep(0.2)
-        assert rec.sent == []
-        await asyncio.sleep(1.5)
-        assert len(rec.sent) == 1
+        await asyncio.sleep(WAIT + 10)
+        assert rec.attempts == [WAIT, WAIT + 3.0] and rec.at == [WAIT + 3.0]
         assert d.stats["r"].retried == 1 and d.stats["r"].sent == 1
         assert db.nflog_get("r", next(iter(d.groups))[1]) is not None
 
 
+async def test_retries_back_off_and_give_up_at_the_flush_budget(tmp_path: Path) -> None:
+    """Retryable failures back off (1 s doubling, jittered ±20 %) within one flush's budget
+    (group_interval, at least 5 s, at most 60 s); the next flush, a group_interval later,
+    delivers."""
+    rec = Recorder()
+    rec.fail = [NotifyError("503", retryable=True) for _ in range(4)]
+    async with dispatcher(
+        tmp_path, rec=rec, route={"receiver": "r", "group_wait": "30s", "group_interval": "10s"}
+    ) as (d, _, _db):
+        d.put(alert("1"))
+        await asyncio.sleep(WAIT + 60)
+        t = rec.attempts
+        assert t[0] == WAIT and len(t) == 5
+        for gap, base in zip((t[1] - t[0], t[2] - t[1], t[3] - t[2]), (1.0, 2.0, 4.0), strict=True):
+            assert 0.8 * base <= gap <= 1.2 * base
+        # The 4th failure's next backoff (≈ 8 s) would pass the 10 s budget: the flush gives
+        # up at once, and the next flush runs exactly group_interval after it.
+        assert rec.at == [round(t[3] + 10.0, 6)]
+        st = d.stats["r"]
+        assert (st.retried, st.failed, st.sent, st.retrying) == (3, 1, 1, set())
+
+
 async def test_permanent_failure_is_a_config_error(tmp_path: Path) -> None:
-    """A permanent failure is counted, remembered, and not retried within the flush."""
+    """A permanent failure is counted and remembered, not retried within the flush; the
+    next flush (exactly group_interval later) tries again."""
     rec = Recorder()
     rec.fail = [NotifyError("channel_not_found", retryable=False)]
     async with dispatcher(tmp_path, rec=rec) as (d, _, _db):
         d.put(alert("1"))
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(WAIT + 1)
         st = d.stats["r"]
-        assert (st.failed, st.permanent_failures, st.sent) == (1, 1, 0)
+        assert (st.failed, st.sent, st.retried) == (1, 0, 0)
         assert "channel_not_found" in st.last_error
-        await asyncio.sleep(0.3)
-        assert st.sent == 1, "the next flush tries again (the config may have been fixed)"
+        await asyncio.sleep(INTERVAL)
+        assert rec.attempts == [WAIT, WAIT + INTERVAL] and rec.at == [WAIT + INTERVAL]
 
 
 async def test_restart_neither_repages_nor_loses_a_resolve(tmp_path: Path) -> None:
@@ -182,18 +243,18 @@ async def test_restart_neither_repages_nor_loses_a_resolve(tmp_path: Path) -> No
     async with dispatcher(tmp_path, db=db, crash=True) as (d, rec, _):
         d.put(alert("1"))
         d.put(alert("2"))
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(WAIT + 1)
         assert len(rec.sent) == 1
         d.put(alert("2", resolved=True))  # resolved, not yet flushed: then the crash
     rec2 = Recorder()
     async with dispatcher(tmp_path, db=db, rec=rec2) as (d2, _, _):
+        t0 = asyncio.get_running_loop().time()
         assert d2.restore() == 2
-        await asyncio.sleep(0.15)
-        assert len(rec2.sent) == 1
+        await asyncio.sleep(WAIT + 3 * INTERVAL)
         n = rec2.sent[0]
         assert [a.labels["chat_id"] for a in n.resolved] == ["2"]
-        await asyncio.sleep(0.4)
-        assert len(rec2.sent) == 1, "alert 1 was already paged before the restart"
+        # Alert 1 was already paged before the restart: only the resolve is sent.
+        assert rec2.at == [round(t0 + WAIT, 6)]
     db.close()
 
 
@@ -201,7 +262,8 @@ async def test_a_notifier_raising_anything_is_retried_and_the_group_survives(
     tmp_path: Path,
 ) -> None:
     """A notifier that raises ValueError (a bug, not a NotifyError) counts as a retryable
-    failure: the group stays, the next flush delivers, and nothing wedges."""
+    failure: retried after the first backoff within the flush, the group stays, and
+    nothing wedges."""
 
     class Buggy(Recorder):
         def __init__(self) -> None:
@@ -211,19 +273,18 @@ async def test_a_notifier_raising_anything_is_retried_and_the_group_survives(
         async def notify(self, n: Notification) -> None:
             if self.bugs:
                 self.bugs -= 1
+                self.attempts.append(round(asyncio.get_running_loop().time(), 6))
                 raise ValueError("a notifier bug")
             await super().notify(n)
 
     rec = Buggy()
     async with dispatcher(
-        tmp_path, rec=rec, route={"receiver": "r", "group_wait": "10ms", "group_interval": "10s"}
+        tmp_path, rec=rec, route={"receiver": "r", "group_wait": "30s", "group_interval": "1m"}
     ) as (d, _, _db):
         d.put(alert("1"))
-        for _ in range(60):
-            if rec.sent:
-                break
-            await asyncio.sleep(0.05)
-        assert len(rec.sent) == 1
+        await asyncio.sleep(WAIT + 5)
+        assert len(rec.sent) == 1 and rec.attempts[0] == WAIT
+        assert 0.8 <= rec.at[0] - WAIT <= 1.2  # the first backoff step, jittered
         stats = d.stats["r"]
         assert stats.retried == 1 and "ValueError: a notifier bug" in stats.last_error
         assert len(d.groups) == 1
@@ -240,13 +301,28 @@ async def test_handed_over_alerts_leave_their_groups_without_a_notification(
     async with dispatcher(tmp_path) as (d, rec, db):
         d.put(alert("1"))
         d.put(alert("2"))
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(WAIT + 1)
         assert [len(n.alerts) for n in rec.sent] == [2]
         assert d.hand_over(["fp-a-1-ChatStuck"]) == 1
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(3 * INTERVAL)
         assert [n.status for n in rec.sent] == ["firing"]
         assert "fp-a-1-ChatStuck" not in d.alerts
         (group,) = d.groups.values()
         assert list(group.alerts) == ["fp-a-2-ChatStuck"]
         db.flush()
         assert [b["fingerprint"] for _, _, b in db.dispatch_load()] == ["fp-a-2-ChatStuck"]
+
+
+async def test_an_alert_past_the_group_limit_is_counted_not_lost_silently(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the aggregation-group limit an alert needing a new group is counted (group
+    overflow and the receiver's dropped), and the groups that exist still deliver."""
+    monkeypatch.setattr(dispatch_module, "MAX_GROUPS", 1)
+    route = {"receiver": "r", "group_wait": "30s", "group_by": ["alertname"]}
+    async with dispatcher(tmp_path, route=route) as (d, rec, _):
+        d.put(alert("1", name="ChatStuck"))
+        d.put(alert("2", name="ChatErrored"))
+        await asyncio.sleep(WAIT + 1)
+        assert (d.group_overflow, d.stats["r"].dropped) == (1, 1)
+        assert rec.at == [WAIT] and rec.sent[0].alerts[0].labels["alertname"] == "ChatStuck"

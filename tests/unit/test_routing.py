@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from watchd.alerting import routing
-from watchd.alerting.dispatch import needs_update
+from watchd.alerting.nflog import needs_update
 from watchd.config.alerting import RouteConfig
 from watchd.kits.matchers import MatcherError, parse_matcher
-from watchd.store.persistence import NflogEntry
+from watchd.store.rows import NflogEntry
 
 
 @pytest.mark.parametrize(

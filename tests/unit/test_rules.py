@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from watchd.daemon import metrics
+from watchd.daemon import collector, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def exported_families() -> set[str]:
-    source = Path(metrics.__file__).read_text()
+    source = Path(metrics.__file__).read_text() + Path(collector.__file__).read_text()
     return set(re.findall(r'"(watchd_[a-z_]+)"', source))
 
 

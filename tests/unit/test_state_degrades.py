@@ -12,9 +12,11 @@ import pytest
 from watchd.alerting.model import Alert
 from watchd.daemon.statewatch import StateWatch
 from watchd.detection.detector import Detector
-from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.chats import ChatStore
 from watchd.store.lock import StateInUse, StateLock
-from watchd.store.persistence import NflogEntry, StateDB
+from watchd.store.persistence import StateDB
+from watchd.store.records import ChatRecord
+from watchd.store.rows import NflogEntry
 
 
 class Sink:

@@ -12,8 +12,9 @@ import pytest
 
 from watchd.coder.errors import PayloadError
 from watchd.coder.models import Chat, ChatId, flatten, parse_chat
-from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.chats import ChatStore
 from watchd.store.persistence import StateDB
+from watchd.store.records import ChatRecord
 
 
 def chat(cid: str, status: str, updated: float | None, **kw: object) -> Chat:

@@ -1,58 +1,45 @@
-"""Dispatch: route → aggregation group → a pipeline of small stages (Alertmanager).
+"""Dispatch: route → aggregation group → the stages (Alertmanager).
 
 Each alert state change is routed; each matching route puts it into the
 aggregation group for its group key. A group flushes ``group_wait`` after it
-is created and every ``group_interval`` after that, through the stages:
+is created and every ``group_interval`` after that, through
+:mod:`watchd.alerting.stages`:
 
     silence → inhibit → dedup (notification log) → throttle → retry + notify → record
 
-A stage filters by returning fewer alerts; an empty result ends the flush.
-The notification log is written only after a successful send, so a failed
-flush is simply tried again on the next one; it and the groups' alerts live
-in SQLite, so a restart neither re-pages nor forgets a pending resolve.
+Every group is a guarded task (:mod:`watchd.kits.tasks`), so one that raises is
+logged and seen, never silently gone. The groups' alerts live in SQLite with the
+notification log (:mod:`watchd.alerting.nflog`), so a restart neither re-pages nor
+forgets a pending resolve. Scheduling uses the loop's clock; alert times come
+from the wall clock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from watchd.alerting import stages
 from watchd.alerting.model import Alert, live
-from watchd.alerting.receivers.base import Notification, Notifier, NotifyError
+from watchd.alerting.nflog import NotificationLog
+from watchd.alerting.receivers.base import Notification, Notifier
 from watchd.alerting.routing import Route
 from watchd.alerting.silencing import Inhibitor, Silencer
+from watchd.alerting.stages import ReceiverStats
 from watchd.kits import logs
-from watchd.kits.backoff import Backoff
 from watchd.kits.clock import SystemClock, WallClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.kits.tasks import spawn
-from watchd.store.persistence import NflogEntry, StateDB
+from watchd.store.persistence import StateDB
 
 log = logs.get("watchd.alerting")
 
-# A group and its notification-log entry are kept this long after the last send.
-NFLOG_RETENTION = 5 * 24 * 3600.0
 MAX_GROUPS = 10_000
 MAX_ALERTS_PER_GROUP = 10_000
 # One flush (with its retries) may take at most this long; the next flush retries.
 MAX_FLUSH = 60.0
-
-
-@dataclass
-class ReceiverStats:
-    sent: int = 0
-    failed: int = 0
-    retried: int = 0
-    dropped: int = 0
-    last_error: str = ""
-    last_success: float | None = None
-    last_failure: float | None = None
-    permanent_failures: int = 0
-    # Group keys whose last flush failed transiently: retried on their next flush.
-    retrying: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -63,28 +50,6 @@ class Group:
     alerts: dict[str, Alert] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-def needs_update(
-    entry: NflogEntry | None,
-    firing: set[str],
-    resolved: set[str],
-    *,
-    repeat: float,
-    send_resolved: bool,
-    now: float,
-) -> bool:
-    """Alertmanager's DedupStage.needsUpdate."""
-    if entry is None:
-        return bool(firing)
-    if not firing <= entry.firing:
-        return True
-    if not firing:
-        # Everything resolved: tell the receiver only if it knew of firing alerts.
-        return bool(entry.firing)
-    if send_resolved and not resolved <= entry.resolved:
-        return True
-    return entry.sent_at < now - repeat
 
 
 class Dispatcher:
@@ -104,6 +69,7 @@ class Dispatcher:
         self.route = route
         self.notifiers = notifiers
         self.db = db
+        self.nflog = NotificationLog(db)
         self.silencer = silencer
         self.inhibitor = inhibitor
         self.external_url = external_url
@@ -190,26 +156,37 @@ class Dispatcher:
             await asyncio.sleep(group.route.group_interval)
 
     async def flush(self, group: Group, *, deadline: float | None = None) -> bool:
-        """One pass of the pipeline for one group. True when nothing is left to retry."""
+        """One pass of the stages for one group. True when nothing is left to retry."""
         receiver = group.route.receiver
         notifier = self.notifiers[receiver]
         stats = self.stats[receiver]
         now = self.wall.now()
         snapshot = dict(group.alerts)
-        alerts = self._mute(snapshot.values(), now)
+        alerts = stages.mute(
+            snapshot.values(),
+            active=(a for a in self.alerts.values() if a.firing),
+            silencer=self.silencer,
+            inhibitor=self.inhibitor,
+            now=now,
+            counts=self.muted,
+        )
         firing = {a.fingerprint for a in alerts if a.firing}
         resolved = {a.fingerprint for a in alerts if not a.firing}
-        entry = self.db.nflog_get(receiver, group.key)
         repeat = group.route.repeat_interval
         if notifier.resend_every is not None:
             repeat = min(repeat, notifier.resend_every)
-        if not alerts or not needs_update(
-            entry, firing, resolved, repeat=repeat, send_resolved=notifier.send_resolved, now=now
-        ):
+        alerts = stages.dedup(
+            alerts,
+            self.nflog.get(receiver, group.key),
+            firing=firing,
+            resolved=resolved,
+            repeat=repeat,
+            send_resolved=notifier.send_resolved,
+            now=now,
+        )
+        if not alerts:
             self._retire_resolved(group, snapshot)
             return True
-        if not notifier.send_resolved:
-            alerts = [a for a in alerts if a.firing]
         notification = Notification(
             receiver=receiver,
             group_key=group.key,
@@ -219,97 +196,32 @@ class Dispatcher:
             external_url=self.external_url,
         )
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + (
-            deadline
-            if deadline is not None
-            else min(MAX_FLUSH, max(5.0, group.route.group_interval))
-        )
-        backoff = Backoff(base=1.0, cap=30.0)
         first_attempt = loop.time()
-        while True:
-            await self.limiters[receiver].acquire()
-            try:
-                try:
-                    await notifier.notify(notification)
-                except (NotifyError, asyncio.CancelledError):
-                    raise
-                except Exception as bug:
-                    # A notifier raising anything else (a bug, a library surprise) is a
-                    # retryable failure, never a dead group.
-                    log.exception("receiver.raised", receiver=receiver)
-                    raise NotifyError(
-                        f"{receiver}: {type(bug).__name__}: {bug}"[:300], retryable=True
-                    ) from bug
-            except NotifyError as exc:
-                stats.last_error = str(exc)
-                stats.last_failure = self.wall.now()
-                if not exc.retryable:
-                    stats.retrying.discard(group.key)
-                    stats.failed += 1
-                    stats.permanent_failures += 1
-                    log.error(
-                        "receiver.misconfigured",
-                        receiver=receiver,
-                        error=str(exc),
-                        note="permanent failure: fix the receiver's configuration",
-                    )
-                    return False
-                stats.retrying.add(group.key)  # until a send of this group succeeds
-                delay = backoff.next()
-                if exc.retry_after is not None:
-                    delay = max(delay, exc.retry_after)
-                if loop.time() + delay > give_up:
-                    stats.failed += 1
-                    log.warning(
-                        "receiver.failed",
-                        receiver=receiver,
-                        error=str(exc),
-                        note="will retry on the next flush",
-                    )
-                    return False
-                stats.retried += 1
-                await asyncio.sleep(delay)
-                continue
-            break
-        stats.sent += 1
-        stats.retrying.discard(group.key)
-        stats.last_success = self.wall.now()
+        if not await stages.retry_notify(
+            notification,
+            notifier=notifier,
+            throttle=self.limiters[receiver].acquire,
+            stats=stats,
+            now=self.wall.now,
+            budget=deadline
+            if deadline is not None
+            else min(MAX_FLUSH, max(5.0, group.route.group_interval)),
+        ):
+            return False
+        took = loop.time() - first_attempt
+        await stages.record(
+            notification,
+            nflog=self.nflog,
+            stats=stats,
+            firing=firing,
+            resolved=resolved,
+            sent_at=now,
+            now=self.wall.now(),
+        )
         if self.on_delivered is not None:
-            self.on_delivered(receiver, loop.time() - first_attempt)
-        # In a worker thread: it may wait for the state flusher's commit.
-        await asyncio.to_thread(
-            self.db.nflog_put,
-            NflogEntry(
-                receiver,
-                group.key,
-                frozenset(firing),
-                frozenset(resolved),
-                sent_at=now,
-                expires_at=now + NFLOG_RETENTION,
-            ),
-        )
-        log.info(
-            "notification.sent",
-            receiver=receiver,
-            group=group.key,
-            firing=len(firing),
-            resolved=len(resolved),
-        )
+            self.on_delivered(receiver, took)
         self._retire_resolved(group, snapshot)
         return True
-
-    def _mute(self, alerts: Iterable[Alert], now: float) -> list[Alert]:
-        inhibited = self.inhibitor.prepare(a for a in self.alerts.values() if a.firing)
-        out = []
-        for a in alerts:
-            if self.silencer.muted_by(a.labels, now):
-                self.muted["silenced"] += 1
-                continue
-            if a.firing and inhibited(a):
-                self.muted["inhibited"] += 1
-                continue
-            out.append(a)
-        return out
 
     def _retire_resolved(self, group: Group, snapshot: dict[str, Alert]) -> None:
         """Resolved alerts that were in this flush and did not change since are done."""
@@ -371,16 +283,18 @@ class Dispatcher:
         """Housekeeping: expire old notification-log entries and silences."""
         while True:
             now = self.wall.now()
-            self.db.nflog_gc(now)
+            self.nflog.gc(now)
             self.silencer.gc(now)
             await asyncio.sleep(600)
 
     async def close(self, *, deadline: float = 2.0) -> None:
         """One last flush of groups with unsent changes, then stop every group."""
         self._closing = True
-        t0 = time.monotonic()
+        # The loop's clock, like every other schedule here (and a virtual one in tests).
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
         for group in list(self.groups.values()):
-            left = deadline - (time.monotonic() - t0)
+            left = deadline - (loop.time() - t0)
             if left <= 0:
                 break
             if group.task is not None:

@@ -33,8 +33,9 @@ from watchd.detection.health import IdentityHealth
 from watchd.kits import logs
 from watchd.kits.clock import ServerClock
 from watchd.kits.ratelimit import RateLimiter
-from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.chats import ChatStore
 from watchd.store.persistence import StateDB
+from watchd.store.records import ChatRecord
 from watchd.telemetry.events import EventSink, own_source
 from watchd.watching.quota import QuotaWatcher
 from watchd.watching.watcher import IdentityWatcher, WatchSettings

@@ -235,6 +235,8 @@ async def status_document(d: DaemonView, query: StatusQuery | None = None) -> di
             for name, st in (d.dispatcher.stats.items() if d.dispatcher else [])
         },
         "groups": len(d.dispatcher.groups) if d.dispatcher else 0,
+        # Alerts refused a new group at the limit (also in each receiver's `dropped`).
+        "group_overflow": d.dispatcher.group_overflow if d.dispatcher else 0,
         "telemetry": telemetry_summary(d),
         "sweep": None
         if d.sweeper is None

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from watchd.config.sweep import SweepConfig, SweepPolicy
 from watchd.kits.matchers import Matcher, all_match, parse_matchers
-from watchd.store.chats import ChatRecord
+from watchd.store.records import ChatRecord
 
 # A policy with its matchers parsed once, not once per chat per pass.
 Compiled = list[tuple[SweepPolicy, tuple[Matcher, ...]]]

@@ -21,8 +21,10 @@ from watchd.kits.ratelimit import RateLimiter
 from watchd.remediation.announcing import Ledger, announcement, expire_announcements
 from watchd.remediation.audit import AuditLog
 from watchd.remediation.policies import compile_policies, match_policy
-from watchd.store.chats import ChatRecord, ChatStore
-from watchd.store.persistence import StateDB, SweepEntry
+from watchd.store.chats import ChatStore
+from watchd.store.persistence import StateDB
+from watchd.store.records import ChatRecord
+from watchd.store.rows import SweepEntry
 
 log = logs.get("watchd.sweep")
 

@@ -26,70 +26,35 @@ status. Its ``source`` says how we know:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
-from typing import Any, NewType
+from dataclasses import replace
+from typing import Any
 
-from watchd.coder.models import (
-    TITLE_MAX,
-    Chat,
-    ChatError,
-    WatchEvent,
-    flatten,
-    parse_chat,
-    timestamp,
+from watchd.coder.models import TITLE_MAX, Chat, WatchEvent, flatten, parse_chat, timestamp
+from watchd.store.records import (
+    CLOCK_LOWER_BOUND,
+    CLOCK_SYNTHESIZED,
+    CLOCK_TRANSITION,
+    FUTURE_TOLERANCE,
+    Change,
+    ChatKey,
+    ChatRecord,
+    Identity,
+    build,
+    clock_start,
 )
 
-Identity = NewType("Identity", str)
-ChatKey = tuple[str, str]  # (identity, chat id)
-
-# A server timestamp this far past the server-clock estimate is not believed: it is
-# clamped to "now" (and counted), so one stamp from a clock that stepped cannot make
-# every later observation look stale.
-FUTURE_TOLERANCE = 30.0
-
-CLOCK_TRANSITION = "transition"
-CLOCK_SYNTHESIZED = "synthesized"
-CLOCK_LOWER_BOUND = "lower_bound"
-
-
-# Not frozen for the same reason as coder.models.Chat (one is built per transition);
-# records are replaced, never mutated in place.
-@dataclass(slots=True)
-class ChatRecord:
-    identity: str
-    chat_id: str
-    status: str
-    since: float  # server epoch seconds the chat entered `status`
-    clock: str  # transition | synthesized | lower_bound
-    updated_at: float | None
-    seen_at: float  # server time of our last observation
-    owner: str = ""
-    title: str = ""
-    workspace_id: str | None = None
-    parent_id: str | None = None
-    labels: tuple[tuple[str, str], ...] = ()
-    last_error: ChatError | None = None
-    queued_for_capacity: bool | None = None
-    version: int = 0  # bumps on every clock change; timers compare it
-    mode: str = ""
-    client_type: str = ""
-    context_error: str = ""
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def key(self) -> ChatKey:
-        return (self.identity, self.chat_id)
-
-
-# Not frozen, like ChatRecord: one is built per change (every transition on the stream).
-@dataclass(slots=True)
-class Change:
-    """What an observation did to the store (treated as immutable)."""
-
-    kind: str  # new | transition | refresh | tombstone
-    record: ChatRecord
-    previous: ChatRecord | None
-    reason: str = ""  # for tombstones: archived | gone (404) | missing from two listings
+# The record types live in records; importers of them from here keep working.
+__all__ = [
+    "CLOCK_LOWER_BOUND",
+    "CLOCK_SYNTHESIZED",
+    "CLOCK_TRANSITION",
+    "FUTURE_TOLERANCE",
+    "Change",
+    "ChatKey",
+    "ChatRecord",
+    "ChatStore",
+    "Identity",
+]
 
 
 class ChatStore:
@@ -197,8 +162,8 @@ class ChatStore:
                 clock = CLOCK_TRANSITION
             else:
                 clock = CLOCK_LOWER_BOUND
-            rec = self._record(
-                identity, chat, since=_clock_start(chat, now), clock=clock, now=now, version=1
+            rec = build(
+                identity, chat, since=clock_start(chat, now), clock=clock, now=now, version=1
             )
             recs[chat.id] = rec
             self._count += 1
@@ -209,10 +174,10 @@ class ChatStore:
             else:
                 clock = CLOCK_SYNTHESIZED
                 self.synthesized += 1
-            rec = self._record(
+            rec = build(
                 identity,
                 chat,
-                since=_clock_start(chat, now),
+                since=clock_start(chat, now),
                 clock=clock,
                 now=now,
                 version=old.version + 1,
@@ -229,7 +194,7 @@ class ChatStore:
             # Nothing but our sighting moved: keep the record, note when we saw it.
             self._seen[(identity, chat.id)] = now
             return None
-        rec = self._record(
+        rec = build(
             identity,
             chat,
             since=old.since,
@@ -344,81 +309,6 @@ class ChatStore:
         else:
             self._absent.pop(identity, None)
         return dict(absent)
-
-    @staticmethod
-    def _record(
-        identity: str,
-        chat: Chat,
-        *,
-        since: float,
-        clock: str,
-        now: float,
-        version: int,
-        previous: ChatRecord | None = None,
-    ) -> ChatRecord:
-        # Older eras' watch payloads are minimal: keep what we knew rather than erase it.
-        # Positional (in field order): this runs once per transition.
-        if previous is not None:
-            p = previous
-            status = chat.status
-            queued = chat.queued_for_capacity
-            full = bool(chat.client_type)  # only a full payload says these are now clear
-            return ChatRecord(
-                p.identity,
-                p.chat_id,
-                status,
-                since,
-                clock,
-                chat.updated_at if chat.updated_at is not None else p.updated_at,
-                now,
-                chat.owner_username or p.owner,
-                chat.title or p.title,
-                chat.workspace_id or p.workspace_id,
-                chat.parent_chat_id or p.parent_id,
-                chat.labels or p.labels,
-                chat.last_error if status == "error" else None,
-                queued if queued is not None else p.queued_for_capacity,
-                version,
-                chat.mode or p.mode,
-                chat.client_type or p.client_type,
-                chat.context_error if full else p.context_error,
-                chat.warnings if full else p.warnings,
-            )
-        return ChatRecord(
-            identity,
-            chat.id,
-            chat.status,
-            since,
-            clock,
-            chat.updated_at,
-            now,
-            chat.owner_username or chat.owner_id,
-            chat.title,
-            chat.workspace_id,
-            chat.parent_chat_id,
-            chat.labels[:16],
-            chat.last_error,
-            chat.queued_for_capacity,
-            version,
-            chat.mode,
-            chat.client_type,
-            chat.context_error,
-            chat.warnings,
-        )
-
-
-def _clock_start(chat: Chat, now: float) -> float:
-    """The clock start as the server stated it: ``updated_at`` (already sane); only a
-    payload without one falls back to our estimate (``created_at`` would overstate the
-    time in status: the chat may have entered it long after it was created).
-
-    Never clamped to this replica's server-clock estimate: that estimate differs between
-    replicas (and restarts) by up to a second of Date-header resolution, and the clock
-    start feeds the fingerprint and ``startsAt`` — replicas owning one identity must
-    compute the same ones (docs/kubernetes.md). A start slightly ahead of our estimate
-    only means the timer arms a moment later.
-    """
-    return chat.updated_at if chat.updated_at is not None else now
 
 
 def _details(c: Chat | ChatRecord) -> tuple[str, str, str, tuple[str, ...]]:

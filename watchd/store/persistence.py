@@ -1,9 +1,9 @@
 """watchd's state on disk: one SQLite file (standard library, WAL mode).
 
-Holds each chat's clock, so a restart keeps every chat's time in status,
-and the alerts the detector has fired, so a restart does not fire them
-again. Writes are batched: callers mark records dirty and :meth:`flush`
-commits them in one transaction; alert state is written at once.
+Holds each chat's clock, so a restart keeps every chat's time in status, and the
+alerts the detector has fired, so a restart does not fire them again. Owns the
+connection, the batched flush (committed from a worker thread), failure tracking
+and each owner's SQL; the tables and row codecs are :mod:`watchd.store.rows`.
 """
 
 from __future__ import annotations
@@ -13,93 +13,37 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
-from watchd.coder.models import ChatError
-from watchd.store.chats import ChatRecord
+from watchd.store.records import ChatRecord
+from watchd.store.rows import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    Body,
+    NflogEntry,
+    StoredAlert,
+    SweepEntry,
+    alert_row,
+    chat_record,
+    chat_row,
+    dispatch_row,
+    dumps,
+    nflog_entry,
+    nflog_row,
+    stored_alert,
+    sweep_row,
+)
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS chats (
-  identity TEXT NOT NULL, chat_id TEXT NOT NULL, status TEXT NOT NULL,
-  since REAL NOT NULL, clock TEXT NOT NULL, updated_at REAL, seen_at REAL NOT NULL,
-  owner TEXT, title TEXT, workspace_id TEXT, parent_id TEXT, labels TEXT,
-  last_error TEXT, queued INTEGER, version INTEGER NOT NULL, details TEXT,
-  PRIMARY KEY (identity, chat_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS nflog (
-  receiver TEXT NOT NULL, group_key TEXT NOT NULL, firing TEXT NOT NULL,
-  resolved TEXT NOT NULL, sent_at REAL NOT NULL, expires_at REAL NOT NULL,
-  PRIMARY KEY (receiver, group_key)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS dispatch (
-  receiver TEXT NOT NULL, group_key TEXT NOT NULL, fingerprint TEXT NOT NULL,
-  alert TEXT NOT NULL, PRIMARY KEY (receiver, group_key, fingerprint)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS sweep (
-  identity TEXT NOT NULL, chat_id TEXT NOT NULL, policy TEXT NOT NULL, since REAL NOT NULL,
-  state TEXT NOT NULL, attempts INTEGER NOT NULL, updated REAL NOT NULL, detail TEXT,
-  PRIMARY KEY (identity, chat_id, policy)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS silences (id TEXT PRIMARY KEY, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS alerts (
-  fingerprint TEXT PRIMARY KEY, identity TEXT NOT NULL, chat_id TEXT,
-  labels TEXT NOT NULL, annotations TEXT NOT NULL, starts_at REAL NOT NULL,
-  ends_at REAL
-);
-"""
-SCHEMA_VERSION = "1"
-
-
-@dataclass(frozen=True, slots=True)
-class StoredAlert:
-    fingerprint: str
-    identity: str
-    chat_id: str | None
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-    starts_at: float
-    ends_at: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class SweepEntry:
-    identity: str
-    chat_id: str
-    policy: str
-    since: float
-    state: str  # planned | interrupt_sent | interrupted | archived | retry | gave_up
-    attempts: int
-    updated: float
-    detail: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class NflogEntry:
-    receiver: str
-    group_key: str
-    firing: frozenset[str]
-    resolved: frozenset[str]
-    sent_at: float
-    expires_at: float
-
+# The record types live in rows; importers of them from here (the detector) keep working.
+__all__ = ["Body", "NflogEntry", "StateDB", "StoredAlert", "SweepEntry"]
 
 _Batch = tuple[
-    dict[tuple[str, str], ChatRecord | None],
-    dict[str, "StoredAlert | None"],
-    dict[tuple[str, str, str], "Body | None"],
+    dict[tuple[str, str], ChatRecord | None], dict[str, StoredAlert | None], dict[Any, Body | None]
 ]
-
-
-class Body(Protocol):
-    """Something that knows its JSON form (an alert held by an aggregation group)."""
-
-    def to_json(self) -> dict[str, Any]: ...
 
 
 class StateDB:
@@ -144,7 +88,6 @@ class StateDB:
         # Serialised at flush time, not when queued: a burst of alerts costs one pass.
         self._alerts: dict[str, StoredAlert | None] = {}
         self._dispatch: dict[tuple[str, str, str], Body | None] = {}
-        self.writes = 0
 
     @classmethod
     def open(cls, path: str | Path) -> StateDB:
@@ -283,7 +226,7 @@ class StateDB:
         dirty, alerts, dispatch = batch
         if not (dirty or alerts or dispatch):
             return 0
-        upserts = [_row(r) for r in dirty.values() if r is not None]
+        upserts = [chat_row(r) for r in dirty.values() if r is not None]
         deletes = [k for k, r in dirty.items() if r is None]
         with self._begin():
             if upserts:
@@ -294,7 +237,7 @@ class StateDB:
                 self._db.executemany("DELETE FROM chats WHERE identity=? AND chat_id=?", deletes)
             self._db.executemany(
                 "INSERT OR REPLACE INTO alerts VALUES (?,?,?,?,?,?,?)",
-                [_alert_row(row) for row in alerts.values() if row is not None],
+                [alert_row(row) for row in alerts.values() if row is not None],
             )
             self._db.executemany(
                 "DELETE FROM alerts WHERE fingerprint=?",
@@ -302,19 +245,17 @@ class StateDB:
             )
             self._db.executemany(
                 "INSERT OR REPLACE INTO dispatch VALUES (?,?,?,?)",
-                [(*k, _dumps(body.to_json())) for k, body in dispatch.items() if body is not None],
+                [dispatch_row(k, body) for k, body in dispatch.items() if body is not None],
             )
             self._db.executemany(
                 "DELETE FROM dispatch WHERE receiver=? AND group_key=? AND fingerprint=?",
                 [k for k, body in dispatch.items() if body is None],
             )
-        n = len(dirty) + len(alerts) + len(dispatch)
-        self.writes += n
-        return n
+        return len(dirty) + len(alerts) + len(dispatch)
 
     def load_chats(self) -> list[ChatRecord]:
         rows = self._query("SELECT * FROM chats")
-        return [_record(r) for r in rows]
+        return [chat_record(r) for r in rows]
 
     def forget_identity(self, identity: str) -> None:
         with self._tx():
@@ -335,10 +276,7 @@ class StateDB:
             "SELECT fingerprint, identity, chat_id, labels, annotations, starts_at, ends_at "
             "FROM alerts"
         )
-        return [
-            StoredAlert(f, i, c, orjson.loads(lab), orjson.loads(ann), s, e)
-            for f, i, c, lab, ann, s, e in rows
-        ]
+        return [stored_alert(r) for r in rows]
 
     # -- notification log: what each receiver was last told, per group ----------
 
@@ -351,34 +289,14 @@ class StateDB:
             "WHERE receiver=? AND group_key=?",
             (receiver, group_key),
         )
-        if not rows:
-            return None
-        row = rows[0]
-        return NflogEntry(
-            receiver,
-            group_key,
-            frozenset(orjson.loads(row[0])),
-            frozenset(orjson.loads(row[1])),
-            row[2],
-            row[3],
-        )
+        return nflog_entry(receiver, group_key, rows[0]) if rows else None
 
     def nflog_put(self, entry: NflogEntry) -> None:
         """Written only after a successful send: a failed flush is simply retried. Kept in
         memory too, so a disk that refuses the write cannot make the next flush re-page."""
         self._nflog_mem[(entry.receiver, entry.group_key)] = entry
         with self._tx():
-            self._db.execute(
-                "INSERT OR REPLACE INTO nflog VALUES (?,?,?,?,?,?)",
-                (
-                    entry.receiver,
-                    entry.group_key,
-                    _dumps(sorted(entry.firing)),
-                    _dumps(sorted(entry.resolved)),
-                    entry.sent_at,
-                    entry.expires_at,
-                ),
-            )
+            self._db.execute("INSERT OR REPLACE INTO nflog VALUES (?,?,?,?,?,?)", nflog_row(entry))
 
     def nflog_gc(self, now: float) -> int:
         for key in [k for k, e in self._nflog_mem.items() if e.expires_at < now]:
@@ -420,19 +338,7 @@ class StateDB:
         # In memory too: a sweep must never act twice because a write failed.
         self._sweep_mem[(e.identity, e.chat_id, e.policy)] = e
         with self._tx():
-            self._db.execute(
-                "INSERT OR REPLACE INTO sweep VALUES (?,?,?,?,?,?,?,?)",
-                (
-                    e.identity,
-                    e.chat_id,
-                    e.policy,
-                    e.since,
-                    e.state,
-                    e.attempts,
-                    e.updated,
-                    e.detail,
-                ),
-            )
+            self._db.execute("INSERT OR REPLACE INTO sweep VALUES (?,?,?,?,?,?,?,?)", sweep_row(e))
 
     def sweep_in_state(self, state: str) -> list[SweepEntry]:
         rows = self._query(
@@ -450,12 +356,8 @@ class StateDB:
     def silence_save(self, silence_id: str, body: dict[str, Any]) -> None:
         with self._tx():
             self._db.execute(
-                "INSERT OR REPLACE INTO silences VALUES (?,?)", (silence_id, _dumps(body))
+                "INSERT OR REPLACE INTO silences VALUES (?,?)", (silence_id, dumps(body))
             )
-
-    def silence_delete(self, silence_id: str) -> None:
-        with self._tx():
-            self._db.execute("DELETE FROM silences WHERE id=?", (silence_id,))
 
     def silences_load(self) -> list[dict[str, Any]]:
         return [orjson.loads(b) for (b,) in self._query("SELECT body FROM silences")]
@@ -495,107 +397,3 @@ class StateDB:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
             raise
-
-
-def _dumps(obj: Any) -> str:
-    return orjson.dumps(obj, default=_plain).decode()
-
-
-def _plain(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def _alert_row(row: StoredAlert) -> tuple[Any, ...]:
-    return (
-        row.fingerprint,
-        row.identity,
-        row.chat_id,
-        _dumps(row.labels),
-        _dumps(row.annotations),
-        row.starts_at,
-        row.ends_at,
-    )
-
-
-def _row(r: ChatRecord) -> tuple[Any, ...]:
-    err = None
-    if r.last_error is not None:
-        e = r.last_error
-        err = _dumps(
-            {
-                "message": e.message,
-                "detail": e.detail,
-                "kind": e.kind,
-                "provider": e.provider,
-                "retryable": e.retryable,
-                "status_code": e.status_code,
-            }
-        )
-    return (
-        r.identity,
-        r.chat_id,
-        r.status,
-        r.since,
-        r.clock,
-        r.updated_at,
-        r.seen_at,
-        r.owner,
-        r.title,
-        r.workspace_id,
-        r.parent_id,
-        _dumps(r.labels),
-        err,
-        None if r.queued_for_capacity is None else int(r.queued_for_capacity),
-        r.version,
-        _dumps([r.mode, r.client_type, r.context_error, r.warnings])
-        if r.mode or r.client_type or r.context_error or r.warnings
-        else None,
-    )
-
-
-def _record(row: Iterable[Any]) -> ChatRecord:
-    (
-        identity,
-        chat_id,
-        status,
-        since,
-        clock,
-        updated_at,
-        seen_at,
-        owner,
-        title,
-        ws,
-        parent,
-        labels,
-        err,
-        queued,
-        version,
-        details,
-    ) = row
-    last_error = ChatError(**orjson.loads(err)) if err else None
-    mode, client_type, context_error, warnings = (
-        orjson.loads(details) if details else ("", "", "", ())
-    )
-    return ChatRecord(
-        identity=identity,
-        chat_id=chat_id,
-        status=status,
-        since=since,
-        clock=clock,
-        updated_at=updated_at,
-        seen_at=seen_at,
-        owner=owner or "",
-        title=title or "",
-        workspace_id=ws,
-        parent_id=parent,
-        labels=tuple((str(k), str(v)) for k, v in orjson.loads(labels or "[]")),
-        last_error=last_error,
-        queued_for_capacity=None if queued is None else bool(queued),
-        version=version,
-        mode=mode,
-        client_type=client_type,
-        context_error=context_error,
-        warnings=tuple(warnings),
-    )

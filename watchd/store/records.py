@@ -1,0 +1,142 @@
+"""A chat's record in the store, and how one is built from an observation.
+
+A record is the compact form of a chat that the store keeps: its status, the clock
+(``since``, and how we know it), and what alerts show. :func:`build` makes one from
+a parsed chat, keeping what an older era's minimal payload does not say. Pure: no
+state, no I/O (the rules that decide *when* a record changes are
+:class:`watchd.store.chats.ChatStore`'s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NewType
+
+from watchd.coder.models import Chat, ChatError
+
+Identity = NewType("Identity", str)
+ChatKey = tuple[str, str]  # (identity, chat id)
+
+# A server timestamp this far past the server-clock estimate is not believed: it is
+# clamped to "now" (and counted), so one stamp from a clock that stepped cannot make
+# every later observation look stale.
+FUTURE_TOLERANCE = 30.0
+
+CLOCK_TRANSITION = "transition"
+CLOCK_SYNTHESIZED = "synthesized"
+CLOCK_LOWER_BOUND = "lower_bound"
+
+
+# Not frozen for the same reason as coder.models.Chat (one is built per transition);
+# records are replaced, never mutated in place.
+@dataclass(slots=True)
+class ChatRecord:
+    identity: str
+    chat_id: str
+    status: str
+    since: float  # server epoch seconds the chat entered `status`
+    clock: str  # transition | synthesized | lower_bound
+    updated_at: float | None
+    seen_at: float  # server time of our last observation
+    owner: str = ""
+    title: str = ""
+    workspace_id: str | None = None
+    parent_id: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    last_error: ChatError | None = None
+    queued_for_capacity: bool | None = None
+    version: int = 0  # bumps on every clock change; timers compare it
+    mode: str = ""
+    client_type: str = ""
+    context_error: str = ""
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> ChatKey:
+        return (self.identity, self.chat_id)
+
+
+# Not frozen, like ChatRecord: one is built per change (every transition on the stream).
+@dataclass(slots=True)
+class Change:
+    """What an observation did to the store (treated as immutable)."""
+
+    kind: str  # new | transition | refresh | tombstone
+    record: ChatRecord
+    previous: ChatRecord | None
+    reason: str = ""  # for tombstones: archived | gone (404) | missing from two listings
+
+
+def build(
+    identity: str,
+    chat: Chat,
+    *,
+    since: float,
+    clock: str,
+    now: float,
+    version: int,
+    previous: ChatRecord | None = None,
+) -> ChatRecord:
+    # Older eras' watch payloads are minimal: keep what we knew rather than erase it.
+    # Positional (in field order): this runs once per transition.
+    if previous is not None:
+        p = previous
+        status = chat.status
+        queued = chat.queued_for_capacity
+        full = bool(chat.client_type)  # only a full payload says these are now clear
+        return ChatRecord(
+            p.identity,
+            p.chat_id,
+            status,
+            since,
+            clock,
+            chat.updated_at if chat.updated_at is not None else p.updated_at,
+            now,
+            chat.owner_username or p.owner,
+            chat.title or p.title,
+            chat.workspace_id or p.workspace_id,
+            chat.parent_chat_id or p.parent_id,
+            chat.labels or p.labels,
+            chat.last_error if status == "error" else None,
+            queued if queued is not None else p.queued_for_capacity,
+            version,
+            chat.mode or p.mode,
+            chat.client_type or p.client_type,
+            chat.context_error if full else p.context_error,
+            chat.warnings if full else p.warnings,
+        )
+    return ChatRecord(
+        identity,
+        chat.id,
+        chat.status,
+        since,
+        clock,
+        chat.updated_at,
+        now,
+        chat.owner_username or chat.owner_id,
+        chat.title,
+        chat.workspace_id,
+        chat.parent_chat_id,
+        chat.labels[:16],
+        chat.last_error,
+        chat.queued_for_capacity,
+        version,
+        chat.mode,
+        chat.client_type,
+        chat.context_error,
+        chat.warnings,
+    )
+
+
+def clock_start(chat: Chat, now: float) -> float:
+    """The clock start as the server stated it: ``updated_at`` (already sane); only a
+    payload without one falls back to our estimate (``created_at`` would overstate the
+    time in status: the chat may have entered it long after it was created).
+
+    Never clamped to this replica's server-clock estimate: that estimate differs between
+    replicas (and restarts) by up to a second of Date-header resolution, and the clock
+    start feeds the fingerprint and ``startsAt`` — replicas owning one identity must
+    compute the same ones (docs/kubernetes.md). A start slightly ahead of our estimate
+    only means the timer arms a moment later.
+    """
+    return chat.updated_at if chat.updated_at is not None else now
