@@ -14,11 +14,12 @@ from watchd.alerting.model import Alert
 from watchd.coder.errors import CoderError
 from watchd.coder.models import Chat, ChatId, WorkspaceBuild
 from watchd.config.watching import Budgets
-from watchd.detection.detector import BURST_LOOKUPS, Detector
+from watchd.detection.confirming import BURST_LOOKUPS
+from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
-from watchd.detection.health import IdentityHealth
 from watchd.kits.clock import ServerClock
 from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.health import IdentityHealth
 from watchd.store.persistence import StateDB
 
 
@@ -509,7 +510,7 @@ async def test_an_event_stamped_1970_does_not_fire() -> None:
 async def test_a_confirmer_that_raises_restarts_and_the_identity_still_alerts() -> None:
     """A confirmer raising an unexpected exception crashes the confirm loop; the guard
     restarts it (counted), the chat is due again, and its alert still fires."""
-    from watchd.detection.detector import RETRY_CONFIRM_AFTER
+    from watchd.detection.confirming import RETRY_CONFIRM_AFTER
     from watchd.kits.tasks import TASKS
 
     async with rig(Budgets(running=300)) as r:

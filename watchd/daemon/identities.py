@@ -29,11 +29,11 @@ from watchd.daemon.metrics import Metrics
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
-from watchd.detection.health import IdentityHealth
 from watchd.kits import logs
 from watchd.kits.clock import ServerClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.health import IdentityHealth
 from watchd.store.persistence import StateDB
 from watchd.telemetry.events import EventSink, own_source
 from watchd.watching.quota import QuotaWatcher
@@ -64,7 +64,10 @@ class TimedConfirmer:
         await self.watcher.relist()
 
     async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
-        return await self.watcher.facts(record, lookup=lookup)
+        got = await self.watcher.diagnosing.read(record, lookup=lookup)
+        return Facts(
+            record=record, build=got.build, quota=got.quota, build_checked=got.build_checked
+        )
 
 
 def reread_token(ident: IdentityConfig) -> str:
@@ -176,7 +179,7 @@ class Identities:
             health=health,
             client=client,
             store=self.store,
-            detector=self.detector,
+            changes=self.detector,
             listing_gate=self._gate,
             settings=settings,
             token_provider=lambda: reread_token(ident),
@@ -207,7 +210,7 @@ class Identities:
         poller = QuotaWatcher(
             health=health,
             client=client,
-            detector=self.detector,
+            alerts=self.detector.ledger,
             config=quota,
             labels=dict(ident.labels),
         )
