@@ -176,7 +176,7 @@ class Daemon:
         sup = self.supervisor
         try:
             if self._sink_override is not None:
-                self.detector.sink = self._sink_override
+                self.detector.ledger.sink = self._sink_override
             else:
                 self.dispatcher = Dispatcher(
                     route=self.route,
@@ -192,7 +192,7 @@ class Daemon:
                 self.identities.dispatcher = self.dispatcher
                 self.metrics.receivers(list(self.dispatcher.notifiers))
                 restored = self.dispatcher.restore()
-                self.detector.sink = self.dispatcher
+                self.detector.ledger.sink = self.dispatcher
                 sup.spawn("dispatch-housekeeping", self.dispatcher.run, group="core", root=True)
                 log.info("dispatch.restored", alerts=restored)
             try:

@@ -57,7 +57,6 @@ class Detector:
     ) -> None:
         self.wall: WallClock = wall or SystemClock()
         self.store = store
-        self.sink = sink
         self.db = db
         self.chat_failed = chat_failed
         self.timers = TimerHeap()
