@@ -14,7 +14,7 @@ from watchd.alerting.model import Alert
 from watchd.coder.errors import CoderError
 from watchd.coder.models import Chat, ChatId, WorkspaceBuild
 from watchd.config.watching import Budgets
-from watchd.detection.confirming import BURST_LOOKUPS
+from watchd.detection.confirming import BURST_LOOKUPS, SETTLE_MAX, SETTLE_QUIET
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
 from watchd.kits.clock import ServerClock
@@ -42,6 +42,11 @@ class Server:
     gets: int = 0
     lists: int = 0
     lookups: int = 0
+    # (loop time, "get" | "list") of every read, for exact-time assertions.
+    reads: list[tuple[float, str]] = field(default_factory=list)
+
+    def read(self, kind: str) -> None:
+        self.reads.append((round(asyncio.get_running_loop().time(), 6), kind))
 
 
 class FakeConfirmer:
@@ -52,6 +57,7 @@ class FakeConfirmer:
 
     async def get_chat(self, chat_id: str) -> Chat:
         self.server.gets += 1
+        self.server.read("get")
         if self.server.fail:
             raise CoderError(status=503, message="down")
         if chat_id not in self.server.chats:
@@ -60,6 +66,7 @@ class FakeConfirmer:
 
     async def relist(self) -> None:
         self.server.lists += 1
+        self.server.read("list")
         now = self.clock.now()
         self.det.apply(
             self.name,
@@ -122,9 +129,12 @@ class Rig:
         self.det.readiness_changed("a")
 
     async def settle(self) -> None:
+        """Let the loops run for 0.4 s of loop time (virtual: looptime)."""
         for _ in range(20):
             await asyncio.sleep(0.02)
 
+
+pytestmark = pytest.mark.looptime
 
 SKEW = -600.0  # the server's clock is ten minutes behind the host's
 
@@ -555,3 +565,57 @@ async def test_handing_an_identity_over_forgets_its_alerts_without_resolving() -
         assert r.det.firing == {} and r.sink.names() == [("ChatStuck", "firing")]
         await r.det.unregister("a", reason="moved", resolve=True)
         assert r.sink.names() == [("ChatStuck", "firing")]
+
+
+def now() -> float:
+    return round(asyncio.get_running_loop().time(), 6)
+
+
+async def test_a_burst_is_confirmed_exactly_settle_quiet_after_it_stops_growing() -> None:
+    """Twelve chats due at t0 are listed at exactly t0 + SETTLE_QUIET (one quiet pause),
+    not before and not one listing per chat."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        await r.settle()
+        t0 = now()
+        for i in range(12):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        await r.settle()
+        assert r.server.reads == [(round(t0 + SETTLE_QUIET, 6), "list")]
+        assert len(r.sink.alerts) == 12
+
+
+async def test_a_burst_that_keeps_growing_is_confirmed_at_settle_max() -> None:
+    """A burst that grows by one due chat every 40 ms (under SETTLE_QUIET) is listed once,
+    at exactly t0 + SETTLE_MAX: the settle gives up waiting, and confirms what it has."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        await r.settle()
+        t0 = now()
+        for i in range(5):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        for i in range(5, 40):
+            await asyncio.sleep(0.04)
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        await r.settle()
+        assert r.server.reads[0] == (round(t0 + SETTLE_MAX, 6), "list")
+        assert len(r.sink.alerts) == 40
+
+
+async def test_single_confirmations_are_paced_at_the_confirm_rate() -> None:
+    """Three due chats (under the listing threshold) are read by GET after one quiet
+    pause, then one every 1/confirm_rate seconds (50/s: 20 ms), at exact times."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        await r.settle()
+        t0 = now()
+        for i in range(3):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        await r.settle()
+        first = t0 + SETTLE_QUIET
+        assert r.server.reads == [
+            (round(first, 6), "get"),
+            (round(first + 0.02, 6), "get"),
+            (round(first + 0.04, 6), "get"),
+        ]
+        assert len(r.sink.alerts) == 3
