@@ -147,6 +147,7 @@ async def rig(
     chat_failed: bool = False,
     unhealthy_after: float = 3600.0,
     crash: bool = False,
+    listing_threshold: int = 5,
 ) -> AsyncIterator[Rig]:
     wall = Wall(1_800_000_000.0)
     clock = ServerClock(wall)
@@ -160,7 +161,7 @@ async def rig(
         sink=sink,
         db=db,
         confirm_rate=50.0,
-        listing_threshold=5,
+        listing_threshold=listing_threshold,
         chat_failed=chat_failed,
         wall=wall,
     )
@@ -619,3 +620,47 @@ async def test_single_confirmations_are_paced_at_the_confirm_rate() -> None:
             (round(first + 0.04, 6), "get"),
         ]
         assert len(r.sink.alerts) == 3
+
+
+async def _fired_by(listing_threshold: int) -> tuple[list[Alert], Rig]:
+    """Twelve overdue chats confirmed with this threshold: their alerts, by chat id."""
+    async with rig(Budgets(running=60), listing_threshold=listing_threshold) as r:
+        r.ready()
+        for i in range(12):
+            r.see(f"c{i:02}", "running", r.clock.now() - 120 - i, workspace_id=None)
+        await r.settle()
+        await r.settle()
+        return sorted(r.sink.alerts, key=lambda a: a.labels["chat_id"]), r
+
+
+async def test_alerts_drafted_during_the_listing_equal_those_of_single_reads() -> None:
+    """A burst confirmed by one listing (alerts drafted while it runs) fires exactly the
+    alerts that twelve single GET confirmations fire: same labels, annotations, start."""
+    by_listing, r1 = await _fired_by(5)
+    by_get, r2 = await _fired_by(100)
+    assert (r1.server.lists, r1.server.gets) == (1, 0)
+    assert (r2.server.lists, r2.server.gets) == (0, 12)
+    assert [(a.labels, a.annotations, a.starts_at) for a in by_listing] == [
+        (a.labels, a.annotations, a.starts_at) for a in by_get
+    ]
+
+
+async def test_a_chat_the_listing_changes_is_judged_on_what_the_listing_shows() -> None:
+    """Drafts are made from the records before the listing: a chat the listing shows
+    retitled fires with its new title, one it shows waiting does not fire at all."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.health.set_state("seeding")
+        for i in range(12):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        r.server.chats["c0"] = replace(r.server.chats["c0"], title="renamed")
+        r.server.chats["c1"] = replace(
+            r.server.chats["c1"], status="waiting", updated_at=r.clock.now()
+        )
+        r.ready()
+        await r.settle()
+        assert r.server.lists == 1
+        fired = {a.labels["chat_id"]: a for a in r.sink.alerts}
+        assert len(fired) == 11 and "c1" not in fired
+        assert fired["c0"].annotations["title"] == "renamed"
+        assert fired["c0"].annotations["summary"].startswith('Chat "renamed" has been running')
