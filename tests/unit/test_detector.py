@@ -633,9 +633,9 @@ async def _fired_by(listing_threshold: int) -> tuple[list[Alert], Rig]:
         return sorted(r.sink.alerts, key=lambda a: a.labels["chat_id"]), r
 
 
-async def test_alerts_drafted_during_the_listing_equal_those_of_single_reads() -> None:
-    """A burst confirmed by one listing (alerts drafted while it runs) fires exactly the
-    alerts that twelve single GET confirmations fire: same labels, annotations, start."""
+async def test_a_listing_confirmation_fires_the_alerts_single_reads_fire() -> None:
+    """A burst confirmed by one listing fires exactly the alerts that twelve single GET
+    confirmations fire: same labels, annotations, start."""
     by_listing, r1 = await _fired_by(5)
     by_get, r2 = await _fired_by(100)
     assert (r1.server.lists, r1.server.gets) == (1, 0)
@@ -646,7 +646,7 @@ async def test_alerts_drafted_during_the_listing_equal_those_of_single_reads() -
 
 
 async def test_a_chat_the_listing_changes_is_judged_on_what_the_listing_shows() -> None:
-    """Drafts are made from the records before the listing: a chat the listing shows
+    """A burst is judged on the records as the listing leaves them: a chat it shows
     retitled fires with its new title, one it shows waiting does not fire at all."""
     async with rig(Budgets(running=60)) as r:
         r.ready()

@@ -1,9 +1,7 @@
 """What a verdict says: the labels and annotations of the detector's alerts.
 
 Pure rendering (docs/alerting.md): given a chat record, its verdict and the facts
-gathered about it, build the :class:`Alert` — in two steps, a :class:`Draft` of what
-the record alone decides (built while a confirmation listing is still in flight) and
-its finish (the age, the facts, the burst). It reads no clock of its own (the caller
+gathered about it, build the :class:`Alert`. It reads no clock of its own (the caller
 says when it measured) and fires nothing; the ledger does that. Its caches only
 remember text a burst repeats (label names, durations).
 """
@@ -13,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from watchd.alerting.model import Alert
@@ -37,25 +34,6 @@ SEVERITY = {
     "IdentityUnhealthy": "critical",
 }
 _LABEL_KEY = re.compile(r"[^a-zA-Z0-9_]")
-
-
-@dataclass(frozen=True, slots=True)
-class Draft:
-    """A chat alert short of what the moment, the facts and the burst add."""
-
-    rec: ChatRecord
-    name: ChatVerdict
-    fp: str
-    since: float
-    limit: float
-    labels: dict[str, str]
-    title: str
-    limit_text: str
-    since_text: str
-    clock: str
-    clock_text: str
-    link: str
-    tail: list[tuple[str, str]]
 
 
 def iso(ts: float) -> str:
@@ -90,35 +68,6 @@ class Renderer:
     ) -> Alert:
         """``labels``: the identity's own; ``invalid``: coderd's message when a mutation
         found the chat's execution state invalid; ``burst``: chats confirmed together."""
-        d = self.draft(
-            rec,
-            deployment=deployment,
-            labels=labels,
-            name=name,
-            limit=limit,
-            since=since,
-            fp=fp,
-            clock=clock,
-        )
-        return self.finish(
-            d, age=age, facts=facts, measured_at=measured_at, invalid=invalid, burst=burst
-        )
-
-    def draft(
-        self,
-        rec: ChatRecord,
-        *,
-        deployment: str,
-        labels: Mapping[str, str],
-        name: ChatVerdict,
-        limit: float,
-        since: float,
-        fp: str,
-        clock: str,
-    ) -> Draft:
-        """Everything of the alert that only the record and its verdict decide (not the
-        moment it is measured, nor the facts, nor the burst): built while a confirmation
-        listing is still in flight, finished after it (:meth:`finish`)."""
         out: dict[str, str] = {}
         keys = self._label_keys
         for k, v in rec.labels:
@@ -136,81 +85,31 @@ class Renderer:
         out["severity"] = SEVERITY[name]
         out["owner"] = rec.owner
         out["chat_id"] = rec.chat_id
-        if name == "ChatStalled":
-            clock_text = "stalled: time since updated_at last moved"
-        else:
-            clock_text = CLOCK_TEXT.get(rec.clock, rec.clock)
-        # After execution_state, in this order (only what the chat has).
-        tail: list[tuple[str, str]] = []
-        if rec.mode:
-            tail.append(("mode", rec.mode))
-        if rec.client_type:
-            tail.append(("client_type", rec.client_type))
-        if rec.context_error:
-            tail.append(("context_error", rec.context_error))
-        if rec.warnings:
-            tail.append(("warnings", "; ".join(rec.warnings)))
-        if rec.parent_id:
-            tail.append(("parent_chat_id", rec.parent_id))
-        if rec.last_error is not None:
-            e = rec.last_error
-            tail.append(
-                (
-                    "last_error",
-                    f"{e.message} (kind={e.kind}, provider={e.provider or '-'}, "
-                    f"status={e.status_code if e.status_code is not None else '-'}, "
-                    f"retryable={'yes' if e.retryable else 'no'})",
-                )
-            )
-        return Draft(
-            rec=rec,
-            name=name,
-            fp=fp,
-            since=since,
-            limit=limit,
-            labels=out,
-            title=rec.title or "(untitled)",
-            limit_text=self.duration(limit),
-            since_text=iso(since),
-            clock=rec.clock if clock == "status" else "stalled",
-            clock_text=clock_text,
-            link=self.link_template.format(deployment=deployment, chat_id=rec.chat_id),
-            tail=tail,
-        )
-
-    def finish(
-        self,
-        d: Draft,
-        *,
-        age: float,
-        facts: Facts,
-        measured_at: float,
-        invalid: str | None = None,
-        burst: int = 1,
-    ) -> Alert:
-        """The alert of a draft, measured now (``age``), with its facts and burst."""
-        rec = d.rec
-        title = d.title
+        title = rec.title or "(untitled)"
         age_text = self.duration(age)
-        if d.name == "ChatStalled":
+        limit_text = self.duration(limit)
+        if name == "ChatStalled":
             summary = (
                 f'Chat "{title}" has made no server-side progress for '
-                f"{age_text} while running (budget {d.limit_text})"
+                f"{age_text} while running (budget {limit_text})"
             )
-        elif d.name == "ChatFailed":
+            clock_text = "stalled: time since updated_at last moved"
+        elif name == "ChatFailed":
             summary = f'Chat "{title}" failed'
+            clock_text = CLOCK_TEXT.get(rec.clock, rec.clock)
         else:
-            summary = f'Chat "{title}" has been {rec.status} for {age_text} (budget {d.limit_text})'
+            summary = f'Chat "{title}" has been {rec.status} for {age_text} (budget {limit_text})'
+            clock_text = CLOCK_TEXT.get(rec.clock, rec.clock)
         annotations = {
             "summary": summary,
             "title": title,
             "time_in_status": age_text,
             "time_in_status_seconds": f"{age:.0f}",
-            "budget": d.limit_text,
-            "since": d.since_text,
-            "clock": d.clock,
-            "clock_description": d.clock_text,
-            "link": d.link,
+            "budget": limit_text,
+            "since": iso(since),
+            "clock": rec.clock if clock == "status" else "stalled",
+            "clock_description": clock_text,
+            "link": self.link_template.format(deployment=deployment, chat_id=rec.chat_id),
             "hint": hint(facts, burst=burst, invalid_state=invalid),
         }
         if rec.workspace_id:
@@ -229,16 +128,31 @@ class Renderer:
             annotations["queued_for_capacity"] = "true"
         if invalid is not None:
             annotations["execution_state"] = f"invalid: {invalid}"
-        if d.tail:
-            annotations.update(d.tail)
+        if rec.mode:
+            annotations["mode"] = rec.mode
+        if rec.client_type:
+            annotations["client_type"] = rec.client_type
+        if rec.context_error:
+            annotations["context_error"] = rec.context_error
+        if rec.warnings:
+            annotations["warnings"] = "; ".join(rec.warnings)
+        if rec.parent_id:
+            annotations["parent_chat_id"] = rec.parent_id
+        if rec.last_error is not None:
+            e = rec.last_error
+            annotations["last_error"] = (
+                f"{e.message} (kind={e.kind}, provider={e.provider or '-'}, "
+                f"status={e.status_code if e.status_code is not None else '-'}, "
+                f"retryable={'yes' if e.retryable else 'no'})"
+            )
         # startsAt from what the server said (the clock start plus the budget: when the
         # chat went past it), never from this replica's clock: every replica owning the
         # identity sends the same one, as it sends the same fingerprint (docs/kubernetes.md).
         return Alert(
-            fingerprint=d.fp,
-            labels=d.labels,
+            fingerprint=fp,
+            labels=out,
             annotations=annotations,
-            starts_at=d.since + d.limit,
+            starts_at=since + limit,
             measured_at=measured_at,
         )
 

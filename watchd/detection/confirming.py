@@ -24,7 +24,7 @@ from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import Chat
 from watchd.config.watching import Budgets
-from watchd.detection.alerts import Draft, Renderer
+from watchd.detection.alerts import Renderer
 from watchd.detection.budgets import Clock, Overdue, past_budget
 from watchd.detection.diagnosis import Facts
 from watchd.detection.ledger import ClockKey, Ledger
@@ -46,8 +46,6 @@ SETTLE_LOOKAHEAD = 0.25  # a deadline this close still belongs to the burst
 SETTLE_MAX = 1.0
 # Workspace builds read for one burst's diagnosis; the rest use what is cached.
 BURST_LOOKUPS = 20
-# Alerts drafted between two looks at the loop while a confirmation listing runs (a few ms).
-DRAFT_SLICE = 256
 
 
 class Confirmer(Protocol):
@@ -171,19 +169,11 @@ class Confirming:
         self.counters["confirm_listing"] += 1
         loop = asyncio.get_running_loop()
         started = loop.time()
-        # The listing takes seconds of mostly waiting on its pages: the burst's alerts are
-        # drafted meanwhile, so what is left after it is checking and finishing them.
-        listing = asyncio.ensure_future(w.confirmer.relist())
         try:
-            drafts = await self._draft(w, batch)
-            await listing
+            await w.confirmer.relist()
         except (CoderError, PayloadError) as exc:
             self._failed(w, batch, exc)
             return
-        finally:
-            if not listing.done():
-                listing.cancel()
-            listing.add_done_callback(_retrieved)
         log.info(
             "confirm.listed",
             identity=w.health.name,
@@ -195,43 +185,7 @@ class Confirming:
             rec = self.store.get(identity, chat_id)
             if rec is not None:
                 items.append((rec, "stalled" if clock == "stalled" else "status"))
-        await self._verdicts(w, items, drafts)
-
-    async def _draft(self, w: Watched, batch: list[ClockKey]) -> dict[ClockKey, Draft]:
-        """Draft the alerts the batch would fire as its records stand now, a slice at a
-        time (the listing's pages are applied between slices). Only a draft whose record
-        the listing left as it was is used (:meth:`_verdicts`)."""
-        drafts: dict[ClockKey, Draft] = {}
-        firing = self.ledger.firing
-        draft = self.renderer.draft
-        get = self.store.get
-        deployment = w.health.deployment
-        for i, key in enumerate(batch):
-            if i % DRAFT_SLICE == DRAFT_SLICE - 1:
-                await asyncio.sleep(0)
-            identity, chat_id, name = key
-            rec = get(identity, chat_id)
-            if rec is None:
-                continue
-            clock: Clock = "stalled" if name == "stalled" else "status"
-            past = self._past(w, rec, clock)
-            if past is None:
-                continue
-            since = rec.updated_at if clock == "stalled" and rec.updated_at else rec.since
-            fp = fingerprint(deployment, rec.chat_id, past.alert, rec.status, since)
-            if fp in firing:
-                continue
-            drafts[key] = draft(
-                rec,
-                deployment=deployment,
-                labels=w.labels,
-                name=past.alert,
-                limit=past.budget,
-                since=since,
-                fp=fp,
-                clock=clock,
-            )
-        return drafts
+        await self._verdicts(w, items)
 
     async def _one(self, w: Watched, key: ClockKey) -> None:
         with structlog.contextvars.bound_contextvars(identity=key[0], chat_id=key[1]):
@@ -285,38 +239,25 @@ class Confirming:
             self.arming.arm(rec)
             self.arming.wake()
 
-    async def _verdicts(
-        self,
-        w: Watched,
-        items: list[tuple[ChatRecord, Clock]],
-        drafts: Mapping[ClockKey, Draft] | None = None,
-    ) -> None:
+    async def _verdicts(self, w: Watched, items: list[tuple[ChatRecord, Clock]]) -> None:
         """Fire what the confirmation shows past budget.
 
         Facts are gathered first (a burst reads at most BURST_LOOKUPS workspace builds),
         then every alert is fired in one synchronous pass, so a burst reaches its
-        aggregation groups together instead of trickling in over the lookups. A draft
-        made during the listing stands in for the record-only part of an alert when the
-        record is the very one it was drafted from (the store replaces a record that
-        changes) and the verdict is the same one.
+        aggregation groups together instead of trickling in over the lookups.
         """
         firing = self.ledger.firing
-        due: list[tuple[ChatRecord, Clock, Overdue, float, str, Draft | None]] = []
+        due: list[tuple[ChatRecord, Clock, Overdue, float, str]] = []
         for rec, clock in items:
             past = self._past(w, rec, clock)
             if past is None:
                 self.counters["unfounded"] += 1
                 self._rearm(rec)
                 continue
-            d = drafts.get((rec.identity, rec.chat_id, clock)) if drafts else None
-            if d is not None and d.rec is rec and d.name == past.alert and d.limit == past.budget:
-                since, fp = d.since, d.fp
-            else:
-                d = None
-                since = rec.updated_at if clock == "stalled" and rec.updated_at else rec.since
-                fp = fingerprint(w.health.deployment, rec.chat_id, past.alert, rec.status, since)
+            since = rec.updated_at if clock == "stalled" and rec.updated_at else rec.since
+            fp = fingerprint(w.health.deployment, rec.chat_id, past.alert, rec.status, since)
             if fp not in firing:
-                due.append((rec, clock, past, since, fp, d))
+                due.append((rec, clock, past, since, fp))
         if not due:
             return
         burst = len(due)
@@ -338,7 +279,7 @@ class Confirming:
             facts.append(got)
         fired: list[Alert] = []
         invalid = self.ledger.invalid
-        draft, finish = self.renderer.draft, self.renderer.finish
+        render = self.renderer.chat_alert
         deployment = w.health.deployment
         # A burst allocates tens of thousands of acyclic objects in one synchronous pass:
         # the cyclic collector would rescan the whole heap several times meanwhile.
@@ -346,29 +287,24 @@ class Confirming:
         if collecting:
             gc.disable()
         try:
-            for (rec, clock, past, since, fp, drafted), got in zip(due, facts, strict=True):
+            for (rec, clock, past, since, fp), got in zip(due, facts, strict=True):
                 # The record may have moved while we gathered facts.
                 current = self.store.get(rec.identity, rec.chat_id)
                 if current is None or current.status != rec.status or current.since != rec.since:
                     continue
                 if fp in firing:
                     continue
-                d = drafted
-                if d is None:
-                    d = draft(
-                        rec,
-                        deployment=deployment,
-                        labels=w.labels,
-                        name=past.alert,
-                        limit=past.budget,
-                        since=since,
-                        fp=fp,
-                        clock=clock,
-                    )
-                alert = finish(
-                    d,
+                alert = render(
+                    rec,
+                    deployment=deployment,
+                    labels=w.labels,
+                    name=past.alert,
                     age=past.age,
+                    limit=past.budget,
+                    since=since,
                     facts=got,
+                    fp=fp,
+                    clock=clock,
                     measured_at=self.wall.now(),
                     invalid=invalid.get(rec.key) if invalid else None,
                     burst=burst,
@@ -388,9 +324,3 @@ class Confirming:
                 chat_ids=[a.labels.get("chat_id") for a in fired[:10]],
                 note="went past their budgets together; one line per alert at debug level",
             )
-
-
-def _retrieved(task: asyncio.Future[None]) -> None:
-    """A listing left behind (its confirm loop was cancelled or crashed) ends quietly."""
-    if not task.cancelled():
-        task.exception()
