@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -64,7 +65,7 @@ class FakeConfirmer:
             raise CoderError(status=404, message="Resource not found")
         return self.server.chats[chat_id]
 
-    async def relist(self) -> None:
+    async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
         self.server.lists += 1
         self.server.read("list")
         now = self.clock.now()
@@ -74,6 +75,8 @@ class FakeConfirmer:
                 self.name, list(self.server.chats.values()), now=now, started=now
             ),
         )
+        if on_page is not None:
+            on_page(set(self.server.chats))
 
     async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
         if record.workspace_id and lookup:
@@ -664,3 +667,47 @@ async def test_a_chat_the_listing_changes_is_judged_on_what_the_listing_shows() 
         assert len(fired) == 11 and "c1" not in fired
         assert fired["c0"].annotations["title"] == "renamed"
         assert fired["c0"].annotations["summary"].startswith('Chat "renamed" has been running')
+
+
+def test_late_pages_confirm_only_chats_read_after_they_came_due() -> None:
+    """Of the chats that come due during a confirmation listing, a page asked for after
+    one came due confirms it; a chat an earlier page read, or the batch itself, is not
+    counted."""
+    from watchd.detection.confirming import LatePages
+
+    pending: dict[tuple[str, str, str], float] = {}
+    pages = LatePages(pending, [("a", "b1", "status")])
+    pending[("a", "b1", "status")] = 0.0  # the batch's own chat, due again: not counted
+    pending[("a", "x", "status")] = 1.0  # due before page 1 is asked for
+    pages.seen({"b1", "y"})  # page 0 arrives: x not read yet
+    pending[("a", "y", "status")] = 2.0  # due after page 0 had already read it
+    pages.seen({"b1", "y", "x"})  # page 1 reads x
+    pages.seen({"b1", "y", "x", "z"})
+    assert pages.confirmed == [("a", "x", "status")]
+
+
+async def test_a_chat_due_during_the_listing_is_confirmed_by_a_later_page() -> None:
+    """A chat that comes due while a burst's listing runs, and that a page asked for
+    after that reads, fires with the burst: no second listing and no GET for it."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        await r.settle()
+        for i in range(6):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+
+        async def paged(*, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
+            r.server.lists += 1
+            assert on_page is not None
+            r.see("late", "running", r.clock.now() - 120)  # due now, while page 0 is read
+            await asyncio.sleep(0.01)
+            on_page({"c0", "c1", "c2"})  # page 0 lacks it; page 1 is asked for after it
+            on_page({f"c{i}" for i in range(6)} | {"late"})
+
+        r.det.watched["a"].confirmer.relist = paged  # type: ignore[method-assign]
+        await r.settle()
+        await r.settle()
+        assert (r.server.lists, r.server.gets) == (1, 0)
+        assert sorted(a.labels["chat_id"] for a in r.sink.alerts) == [
+            *(f"c{i}" for i in range(6)),
+            "late",
+        ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import aiohttp
@@ -60,8 +61,8 @@ class TimedConfirmer:
         finally:
             self.observe(asyncio.get_running_loop().time() - t0)
 
-    async def relist(self) -> None:
-        await self.watcher.relist()
+    async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
+        await self.watcher.relist(on_page=on_page)
 
     async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
         got = await self.watcher.diagnosing.read(record, lookup=lookup)

@@ -2,7 +2,8 @@
 
 A due chat is re-read by a rate-limited GET, or, when many are due together, by
 one listing (a burst is let to settle first, so it takes one listing, not one per
-slice). Only what the re-read still shows past budget fires, in one synchronous
+slice; a chat that comes due while it runs is confirmed by it when a later page reads
+it, :class:`LatePages`). Only what the re-read still shows past budget fires, in one synchronous
 pass. Each loop runs under the task guard (:func:`watchd.kits.tasks.spawn`): a
 confirmer that raises restarts the loop (counted, logged with its traceback) and
 the chats of the failed batch come due again. Fires through the ledger; arms no
@@ -14,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,7 +55,9 @@ class Confirmer(Protocol):
 
     async def get_chat(self, chat_id: str) -> Chat: ...
 
-    async def relist(self) -> None: ...
+    async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
+        """List the identity's chats into the store; ``on_page(ids read so far)`` after
+        each page."""
 
     async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts: ...
 
@@ -81,6 +85,30 @@ class Watched:
     task: asyncio.Task[None] | None = None
     # status → budget seconds (None: never stuck), filled on first use per status.
     limits: dict[str, float | None] = field(default_factory=dict)
+
+
+class LatePages:
+    """Which chats that came due *during* a confirmation listing one of its later pages
+    read. Pages are asked for one after another, so a page that arrives after a chat was
+    already due was asked for after it came due: it re-read the chat past its budget, as
+    a confirmation must. A chat the listing had read before it came due is not counted."""
+
+    def __init__(self, pending: Mapping[ClockKey, float], batch: Iterable[ClockKey]) -> None:
+        self.pending = pending
+        self.known = set(batch)  # the batch (confirmed anyway), and chats sorted below
+        self.waiting: list[ClockKey] = []  # due before the last page was asked for
+        self.confirmed: list[ClockKey] = []
+
+    def seen(self, present: AbstractSet[str]) -> None:
+        still: list[ClockKey] = []
+        for key in self.waiting:
+            (self.confirmed if key[1] in present else still).append(key)
+        self.waiting = still
+        for key in self.pending:
+            if key not in self.known:
+                self.known.add(key)
+                if key[1] not in present:  # read before it came due: not confirmed
+                    self.waiting.append(key)
 
 
 class Confirming:
@@ -169,19 +197,24 @@ class Confirming:
         self.counters["confirm_listing"] += 1
         loop = asyncio.get_running_loop()
         started = loop.time()
+        pages = LatePages(w.pending, batch)
         try:
-            await w.confirmer.relist()
+            await w.confirmer.relist(on_page=pages.seen)
         except (CoderError, PayloadError) as exc:
             self._failed(w, batch, exc)
             return
+        # Chats that came due while the listing ran and that a later page read: this
+        # listing confirms them too (no second listing a second later).
+        late = [key for key in pages.confirmed if w.pending.pop(key, None) is not None]
         log.info(
             "confirm.listed",
             identity=w.health.name,
             due=len(batch),
+            late=len(late),
             seconds=round(loop.time() - started, 3),
         )
         items: list[tuple[ChatRecord, Clock]] = []
-        for identity, chat_id, clock in batch:
+        for identity, chat_id, clock in (*batch, *late):
             rec = self.store.get(identity, chat_id)
             if rec is not None:
                 items.append((rec, "stalled" if clock == "stalled" else "status"))

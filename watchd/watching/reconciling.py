@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Set as AbstractSet
 from typing import Protocol
 
 import structlog
@@ -118,8 +119,11 @@ class Reconciler:
                 self.health.last_error = f"reconcile failed: {exc}"
                 await self.drop_stream()
 
-    async def relist(self) -> None:
+    async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
         """A listing applied to the store (new chats, transitions, refreshes).
+
+        ``on_page`` is told, after each page is applied, the ids the listing has read so
+        far (the detector's confirmation uses it to see which due chats a page read).
 
         Applied page by page as the pages arrive, so a large fleet's rows die young
         instead of piling up (and being scanned by the garbage collector) until the
@@ -139,6 +143,8 @@ class Reconciler:
                     )
                     if changes:
                         self.changes.apply(self.name, changes)
+                    if on_page is not None:
+                        on_page(present)
             if listing.complete:
                 absent = self.store.finish_listing(self.name, present, started=started)
                 if absent:

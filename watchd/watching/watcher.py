@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import structlog
@@ -330,8 +331,8 @@ class IdentityWatcher:
     async def reconcile_forever(self) -> None:
         await self.reconciler.forever()
 
-    async def relist(self) -> None:
-        await self.reconciler.relist()
+    async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
+        await self.reconciler.relist(on_page=on_page)
 
     async def _drop_stream(self) -> None:
         """The reconcile failed: the view can't be trusted; loop 1 re-seeds."""
