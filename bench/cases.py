@@ -379,12 +379,13 @@ def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
     from watchd.coder.client import CoderClient
     from watchd.coder.transport import Response
     from watchd.config.watching import Budgets
+    from watchd.daemon.identities import TimedConfirmer
     from watchd.detection.detector import Detector
-    from watchd.detection.health import IdentityHealth
     from watchd.kits.clock import ServerClock
     from watchd.sim.payloads import chat_json
     from watchd.sim.state import SimState
     from watchd.store.chats import ChatStore
+    from watchd.store.health import IdentityHealth
     from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
     state = SimState(seed=1)
@@ -431,11 +432,12 @@ def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
             health=health,
             client=Canned(None, page_size=page),  # type: ignore[arg-type]
             store=store,
-            detector=det,
+            changes=det,
             listing_gate=asyncio.Semaphore(1),
             settings=WatchSettings(),
         )
-        det.register(health, confirmer=watcher, budgets=Budgets(), labels={})
+        confirmer = TimedConfirmer(watcher, lambda seconds: None)
+        det.register(health, confirmer=confirmer, budgets=Budgets(), labels={})
         await watcher.relist()  # the seed: every chat is new
         assert len(store) == chats
         c0 = time.process_time()

@@ -33,8 +33,8 @@ async def _status_page(n: int) -> list[Row]:
     from watchd.config.secrets import resolve_secrets
     from watchd.daemon import status, status_page
     from watchd.daemon.app import Daemon
-    from watchd.detection.health import IdentityHealth
     from watchd.kits.clock import ServerClock
+    from watchd.store.health import IdentityHealth
 
     tmp = Path(tempfile.mkdtemp(prefix="watchd-bench-status-"))
     os.environ.setdefault("WATCHD_BENCH_TOKEN", "bench-token-0123456789")

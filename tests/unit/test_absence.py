@@ -20,9 +20,9 @@ from watchd.coder.transport import Transport
 from watchd.config.watching import Budgets
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts, hint
-from watchd.detection.health import IdentityHealth
 from watchd.kits.clock import ServerClock
 from watchd.store.chats import ChatStore
+from watchd.store.health import IdentityHealth
 from watchd.store.persistence import StateDB
 
 # The server-clock estimate moves by fractions of a second as Date samples arrive, and a
@@ -52,7 +52,7 @@ async def test_a_chat_the_cursor_skips_keeps_its_record_and_clock(
             await r.watcher.relist()
             assert r.health.last_list_pages >= 3
             assert r.store.absent("alice") == {moving.id: 1}
-            await r.watcher._confirm_absent()
+            await r.watcher.reconciler.confirm_absent()
             rec = r.store.get("alice", moving.id)
             assert rec is not None and (rec.since, rec.clock) == (before.since, before.clock)
             assert r.store.absent("alice") == {}
@@ -72,7 +72,7 @@ async def test_a_deleted_chat_is_gone_only_after_a_404(
         await asyncio.sleep(APART)
         await r.watcher.relist()
         assert r.store.get("alice", chat.id) is not None
-        await r.watcher._confirm_absent()
+        await r.watcher.reconciler.confirm_absent()
         assert r.store.get("alice", chat.id) is None and r.store.absent("alice") == {}
 
 
@@ -89,7 +89,7 @@ async def test_an_archive_whose_event_was_lost_is_found_by_the_get(
         await asyncio.sleep(APART)
         await r.watcher.relist()
         assert r.store.get("alice", chat.id) is not None
-        await r.watcher._confirm_absent()
+        await r.watcher.reconciler.confirm_absent()
         assert r.store.get("alice", chat.id) is None
 
 
@@ -106,7 +106,7 @@ async def test_many_idle_chats_missing_wait_for_a_second_listing(
             sim.state.delete(chat.id)
         await asyncio.sleep(APART)
         await r.watcher.relist()
-        assert len(r.store.absent("alice")) == 30 and not r.watcher._to_confirm
+        assert len(r.store.absent("alice")) == 30 and not r.watcher.reconciler.to_confirm
         assert all(r.store.get("alice", c.id) is not None for c in idle)
         await asyncio.sleep(APART)
         await r.watcher.relist()
@@ -316,8 +316,8 @@ async def test_a_busy_stream_during_the_first_listing_keeps_dirty_ids(
         await eventually(lambda: r.health.ready, within=10)
         sim.state.faults.latency = 0.0
         assert r.health.overflow == 1 and r.health.reconnects == 0
-        assert set(r.watcher._to_confirm) == {c.id for c in chats}
-        await r.watcher._confirm_absent()
+        assert set(r.watcher.reconciler.to_confirm) == {c.id for c in chats}
+        await r.watcher.reconciler.confirm_absent()
         assert all(r.store.get("alice", c.id).status == "waiting" for c in chats)  # type: ignore[union-attr]
 
 
@@ -331,7 +331,7 @@ async def test_a_deployment_without_date_headers_is_said_once(
     clock = ServerClock()
     clock.observe(None, sent_at=1.0, received_at=1.1)
     clock.observe("not a date", sent_at=1.0, received_at=1.1)
-    assert clock.missing_date == 2 and not clock.synced
+    assert clock.missing_date == 2 and clock.offset == 0.0
     alice = sim.state.add_user("alice")
     sim.state.add_chat(alice, status="waiting")
     async with watching(sim, alice, session) as r:

@@ -13,8 +13,8 @@ from watchd.alerting.receivers.base import READ_CAPS, NotifyError, classify_http
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError
 from watchd.coder.transport import OversizeResponse, Transport
-from watchd.detection.health import IdentityHealth
 from watchd.kits.backoff import MAX_HINT, retry_hint
+from watchd.store.health import IdentityHealth
 from watchd.telemetry.ingest import IngestError, parse_batch
 
 
@@ -159,8 +159,8 @@ def test_unknown_statuses_share_one_metrics_series(
 
 
 def _health(name: str) -> IdentityHealth:
-    from watchd.detection.health import IdentityHealth
     from watchd.kits.clock import ServerClock
+    from watchd.store.health import IdentityHealth
 
     return IdentityHealth(
         name=name,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -14,12 +15,14 @@ from watchd.alerting.model import Alert
 from watchd.coder.errors import CoderError
 from watchd.coder.models import Chat, ChatId, WorkspaceBuild
 from watchd.config.watching import Budgets
-from watchd.detection.detector import BURST_LOOKUPS, Detector
+from watchd.detection.confirming import BURST_LOOKUPS, SETTLE_MAX, SETTLE_QUIET
+from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
-from watchd.detection.health import IdentityHealth
 from watchd.kits.clock import ServerClock
-from watchd.store.chats import ChatRecord, ChatStore
+from watchd.store.chats import ChatStore
+from watchd.store.health import IdentityHealth
 from watchd.store.persistence import StateDB
+from watchd.store.records import ChatRecord
 
 
 class Wall:
@@ -41,6 +44,11 @@ class Server:
     gets: int = 0
     lists: int = 0
     lookups: int = 0
+    # (loop time, "get" | "list") of every read, for exact-time assertions.
+    reads: list[tuple[float, str]] = field(default_factory=list)
+
+    def read(self, kind: str) -> None:
+        self.reads.append((round(asyncio.get_running_loop().time(), 6), kind))
 
 
 class FakeConfirmer:
@@ -51,14 +59,16 @@ class FakeConfirmer:
 
     async def get_chat(self, chat_id: str) -> Chat:
         self.server.gets += 1
+        self.server.read("get")
         if self.server.fail:
             raise CoderError(status=503, message="down")
         if chat_id not in self.server.chats:
             raise CoderError(status=404, message="Resource not found")
         return self.server.chats[chat_id]
 
-    async def relist(self) -> None:
+    async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
         self.server.lists += 1
+        self.server.read("list")
         now = self.clock.now()
         self.det.apply(
             self.name,
@@ -66,6 +76,8 @@ class FakeConfirmer:
                 self.name, list(self.server.chats.values()), now=now, started=now
             ),
         )
+        if on_page is not None:
+            on_page(set(self.server.chats))
 
     async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
         if record.workspace_id and lookup:
@@ -121,9 +133,12 @@ class Rig:
         self.det.readiness_changed("a")
 
     async def settle(self) -> None:
+        """Let the loops run for 0.4 s of loop time (virtual: looptime)."""
         for _ in range(20):
             await asyncio.sleep(0.02)
 
+
+pytestmark = pytest.mark.looptime
 
 SKEW = -600.0  # the server's clock is ten minutes behind the host's
 
@@ -136,6 +151,7 @@ async def rig(
     chat_failed: bool = False,
     unhealthy_after: float = 3600.0,
     crash: bool = False,
+    listing_threshold: int = 5,
 ) -> AsyncIterator[Rig]:
     wall = Wall(1_800_000_000.0)
     clock = ServerClock(wall)
@@ -149,7 +165,7 @@ async def rig(
         sink=sink,
         db=db,
         confirm_rate=50.0,
-        listing_threshold=5,
+        listing_threshold=listing_threshold,
         chat_failed=chat_failed,
         wall=wall,
     )
@@ -509,7 +525,7 @@ async def test_an_event_stamped_1970_does_not_fire() -> None:
 async def test_a_confirmer_that_raises_restarts_and_the_identity_still_alerts() -> None:
     """A confirmer raising an unexpected exception crashes the confirm loop; the guard
     restarts it (counted), the chat is due again, and its alert still fires."""
-    from watchd.detection.detector import RETRY_CONFIRM_AFTER
+    from watchd.detection.confirming import RETRY_CONFIRM_AFTER
     from watchd.kits.tasks import TASKS
 
     async with rig(Budgets(running=300)) as r:
@@ -554,3 +570,145 @@ async def test_handing_an_identity_over_forgets_its_alerts_without_resolving() -
         assert r.det.firing == {} and r.sink.names() == [("ChatStuck", "firing")]
         await r.det.unregister("a", reason="moved", resolve=True)
         assert r.sink.names() == [("ChatStuck", "firing")]
+
+
+def now() -> float:
+    return round(asyncio.get_running_loop().time(), 6)
+
+
+async def test_a_burst_is_confirmed_exactly_settle_quiet_after_it_stops_growing() -> None:
+    """Twelve chats due at t0 are listed at exactly t0 + SETTLE_QUIET (one quiet pause),
+    not before and not one listing per chat."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        await r.settle()
+        t0 = now()
+        for i in range(12):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        await r.settle()
+        assert r.server.reads == [(round(t0 + SETTLE_QUIET, 6), "list")]
+        assert len(r.sink.alerts) == 12
+
+
+async def test_a_burst_that_keeps_growing_is_confirmed_at_settle_max() -> None:
+    """A burst that grows by one due chat every 40 ms (under SETTLE_QUIET) is listed once,
+    at exactly t0 + SETTLE_MAX: the settle gives up waiting, and confirms what it has."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        await r.settle()
+        t0 = now()
+        for i in range(5):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        for i in range(5, 40):
+            await asyncio.sleep(0.04)
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        await r.settle()
+        assert r.server.reads[0] == (round(t0 + SETTLE_MAX, 6), "list")
+        assert len(r.sink.alerts) == 40
+
+
+async def test_single_confirmations_are_paced_at_the_confirm_rate() -> None:
+    """Three due chats (under the listing threshold) are read by GET after one quiet
+    pause, then one every 1/confirm_rate seconds (50/s: 20 ms), at exact times."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        await r.settle()
+        t0 = now()
+        for i in range(3):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        await r.settle()
+        first = t0 + SETTLE_QUIET
+        assert r.server.reads == [
+            (round(first, 6), "get"),
+            (round(first + 0.02, 6), "get"),
+            (round(first + 0.04, 6), "get"),
+        ]
+        assert len(r.sink.alerts) == 3
+
+
+async def _fired_by(listing_threshold: int) -> tuple[list[Alert], Rig]:
+    """Twelve overdue chats confirmed with this threshold: their alerts, by chat id."""
+    async with rig(Budgets(running=60), listing_threshold=listing_threshold) as r:
+        r.ready()
+        for i in range(12):
+            r.see(f"c{i:02}", "running", r.clock.now() - 120 - i, workspace_id=None)
+        await r.settle()
+        await r.settle()
+        return sorted(r.sink.alerts, key=lambda a: a.labels["chat_id"]), r
+
+
+async def test_a_listing_confirmation_fires_the_alerts_single_reads_fire() -> None:
+    """A burst confirmed by one listing fires exactly the alerts that twelve single GET
+    confirmations fire: same labels, annotations, start."""
+    by_listing, r1 = await _fired_by(5)
+    by_get, r2 = await _fired_by(100)
+    assert (r1.server.lists, r1.server.gets) == (1, 0)
+    assert (r2.server.lists, r2.server.gets) == (0, 12)
+    assert [(a.labels, a.annotations, a.starts_at) for a in by_listing] == [
+        (a.labels, a.annotations, a.starts_at) for a in by_get
+    ]
+
+
+async def test_a_chat_the_listing_changes_is_judged_on_what_the_listing_shows() -> None:
+    """A burst is judged on the records as the listing leaves them: a chat it shows
+    retitled fires with its new title, one it shows waiting does not fire at all."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.health.set_state("seeding")
+        for i in range(12):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        r.server.chats["c0"] = replace(r.server.chats["c0"], title="renamed")
+        r.server.chats["c1"] = replace(
+            r.server.chats["c1"], status="waiting", updated_at=r.clock.now()
+        )
+        r.ready()
+        await r.settle()
+        assert r.server.lists == 1
+        fired = {a.labels["chat_id"]: a for a in r.sink.alerts}
+        assert len(fired) == 11 and "c1" not in fired
+        assert fired["c0"].annotations["title"] == "renamed"
+        assert fired["c0"].annotations["summary"].startswith('Chat "renamed" has been running')
+
+
+def test_late_pages_confirm_only_chats_read_after_they_came_due() -> None:
+    """Of the chats that come due during a confirmation listing, a page asked for after
+    one came due confirms it; a chat an earlier page read, or the batch itself, is not
+    counted."""
+    from watchd.detection.confirming import LatePages
+
+    pending: dict[tuple[str, str, str], float] = {}
+    pages = LatePages(pending, [("a", "b1", "status")])
+    pending[("a", "b1", "status")] = 0.0  # the batch's own chat, due again: not counted
+    pending[("a", "x", "status")] = 1.0  # due before page 1 is asked for
+    pages.seen({"b1", "y"})  # page 0 arrives: x not read yet
+    pending[("a", "y", "status")] = 2.0  # due after page 0 had already read it
+    pages.seen({"b1", "y", "x"})  # page 1 reads x
+    pages.seen({"b1", "y", "x", "z"})
+    assert pages.confirmed == [("a", "x", "status")]
+
+
+async def test_a_chat_due_during_the_listing_is_confirmed_by_a_later_page() -> None:
+    """A chat that comes due while a burst's listing runs, and that a page asked for
+    after that reads, fires with the burst: no second listing and no GET for it."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        await r.settle()
+        for i in range(6):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+
+        async def paged(*, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
+            r.server.lists += 1
+            assert on_page is not None
+            r.see("late", "running", r.clock.now() - 120)  # due now, while page 0 is read
+            await asyncio.sleep(0.01)
+            on_page({"c0", "c1", "c2"})  # page 0 lacks it; page 1 is asked for after it
+            on_page({f"c{i}" for i in range(6)} | {"late"})
+
+        r.det.watched["a"].confirmer.relist = paged  # type: ignore[method-assign]
+        await r.settle()
+        await r.settle()
+        assert (r.server.lists, r.server.gets) == (1, 0)
+        assert sorted(a.labels["chat_id"] for a in r.sink.alerts) == [
+            *(f"c{i}" for i in range(6)),
+            "late",
+        ]

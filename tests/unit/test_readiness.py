@@ -11,9 +11,9 @@ import pytest
 
 from watchd.daemon.supervisor import Supervisor
 from watchd.daemon.view import liveness_problems
-from watchd.detection.health import IdentityHealth
 from watchd.kits.clock import ServerClock
 from watchd.kits.tasks import CRASH_LOOP, TaskRegistry
+from watchd.store.health import IdentityHealth
 
 
 def _health() -> IdentityHealth:

@@ -184,9 +184,9 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
     from watchd.alerting.model import Alert
     from watchd.config.watching import Budgets
     from watchd.detection.detector import Detector
-    from watchd.detection.health import IdentityHealth
     from watchd.kits.clock import ServerClock
     from watchd.remediation.sweeper import Sweeper
+    from watchd.store.health import IdentityHealth
     from watchd.store.persistence import StateDB
 
     class Sink:

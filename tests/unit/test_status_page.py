@@ -18,9 +18,9 @@ from watchd.daemon import status
 from watchd.daemon.app import Daemon
 from watchd.daemon.status import StatusQuery, status_document
 from watchd.daemon.status_page import chart_svg, status_html
-from watchd.detection.health import IdentityHealth
 from watchd.kits.clock import ServerClock
 from watchd.kits.matchers import parse_matchers
+from watchd.store.health import IdentityHealth
 
 N = 20_000
 DEPLOYMENT = "https://coder.example.com"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,13 +20,15 @@ from watchd.coder.models import WatchEvent
 from watchd.coder.transport import Transport
 from watchd.coder.watchstream import ResyncNeeded, open_watch
 from watchd.config.watching import Budgets
+from watchd.daemon.identities import TimedConfirmer
 from watchd.detection.detector import Detector
-from watchd.detection.health import IdentityHealth
+from watchd.kits.backoff import Backoff
 from watchd.kits.clock import ServerClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.sim.records import SimUser
 from watchd.store.chats import ChatStore
-from watchd.telemetry.events import RecordingSink
+from watchd.store.health import IdentityHealth
+from watchd.telemetry.events import Event, EventSource, RecordingSink
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
 FAST = WatchSettings(
@@ -79,8 +82,6 @@ async def test_frames_decode_in_every_era(sim: Sim, session: aiohttp.ClientSessi
     first = await asyncio.wait_for(got.get(), 2)
     second = await asyncio.wait_for(got.get(), 2)
     assert (first.kind, second.kind, second.chat.status) == ("created", "status_change", "waiting")
-    if sim.state.era.envelope:
-        assert conn.pings >= 1
     pump.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await pump
@@ -129,12 +130,27 @@ async def test_protocol_pings_keep_a_quiet_socket_alive(
     assert sim.state.client_data_frames == 0
 
 
+class TimedSink(RecordingSink):
+    """Records each transport event with the loop time it was emitted at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = []
+
+    def emit(self, source: EventSource, event: Event) -> None:
+        super().emit(source, event)
+        self.at.append(round(asyncio.get_running_loop().time(), 6))
+
+    def times_of(self, kind: str) -> list[float]:
+        return [t for t, (_, e) in zip(self.at, self.events, strict=True) if e["type"] == kind]
+
+
 @dataclass
 class Rig:
     watcher: IdentityWatcher
     health: IdentityHealth
     store: ChatStore
-    events: RecordingSink
+    events: TimedSink
     alerts: list[Alert]
 
 
@@ -142,7 +158,7 @@ class Rig:
 async def watching(
     sim: Sim, user: SimUser, session: aiohttp.ClientSession, settings: WatchSettings = FAST
 ) -> AsyncIterator[Rig]:
-    events = RecordingSink()
+    events = TimedSink()
     t = transport(sim, user, session, events)
     store = ChatStore()
     alerts: list[Alert] = []
@@ -159,13 +175,14 @@ async def watching(
         health=health,
         client=CoderClient(t),
         store=store,
-        detector=det,
+        changes=det,
         listing_gate=asyncio.Semaphore(2),
         settings=settings,
         token_provider=lambda: user.token,
         rng=random.Random(2),
     )
-    det.register(health, confirmer=w, budgets=Budgets(running=3600), labels={})
+    confirmer = TimedConfirmer(w, lambda seconds: None)  # as the daemon wires it
+    det.register(health, confirmer=confirmer, budgets=Budgets(running=3600), labels={})
     tasks = [asyncio.create_task(w.watch_forever()), asyncio.create_task(det.run())]
     try:
         yield Rig(w, health, store, events, alerts)
@@ -230,22 +247,33 @@ async def test_reconnect_after_drop_reseeds(sim: Sim, session: aiohttp.ClientSes
         assert r.health.reconnects >= 1
 
 
+@pytest.mark.looptime
 async def test_redial_backoff_grows_while_the_server_is_down(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:
-    """While the watch upgrade fails, redials back off exponentially to the cap, then recover."""
+    """While the watch upgrade fails, each redial waits exactly the next backoff (50 ms
+    doubling to the 400 ms cap, jittered by the seeded RNG), then the identity recovers."""
     alice = sim.state.add_user("alice")
     sim.state.faults.subscribe_fail = True
     async with watching(sim, alice, session) as r:
-        await eventually(lambda: len(r.events.of_type("ws:redial")) >= 6, within=8)
+        await asyncio.sleep(2.0)
         assert r.health.state == "unreachable" and "500" in r.health.last_error
         sim.state.faults.subscribe_fail = False
-        await eventually(lambda: r.health.ready, within=8)
+        await eventually(lambda: r.health.ready, within=1)
+        redials = r.events.times_of("ws:redial")
+        upgrades = r.events.times_of("ws:open")
+        expected = Backoff(base=FAST.backoff_base, cap=FAST.backoff_cap, rng=random.Random(2))
+        waits = [expected.next() for _ in redials]
         delays = [e["backoffMs"] for e in r.events.of_type("ws:redial")]
-        assert len(delays) >= 4
-        nominal = [min(400, 50 * 2**i) for i in range(len(delays))]
-        for got, want in zip(delays, nominal, strict=True):
-            assert want * 0.79 <= got <= want * 1.21
+        assert delays == [round(w * 1000) for w in waits]
+        assert max(delays) <= FAST.backoff_cap * 1.2 * 1000 and len(delays) >= 6
+        # Each dial happens exactly the previous redial's wait after it: the failed dials
+        # take no loop time, so dial k+1 is at the sum of the first k waits.
+        dials = r.events.times_of("ws:dial")
+        assert dials[0] == 0.0 and len(dials) == len(redials) + 1
+        for dial, redial, wait in zip(dials[1:], redials, waits, strict=True):
+            assert dial == pytest.approx(redial + wait, abs=2e-6)  # to the µs (rounding)
+        assert upgrades == [dials[-1]]
 
 
 async def test_malformed_frame_triggers_relist(sim: Sim, session: aiohttp.ClientSession) -> None:
@@ -291,9 +319,10 @@ async def test_diagnosis_reads_a_workspace_build_once_and_only_when_asked(
         seen = len(r.events.events)
         recs = [r.store.get("alice", x.id) for x in (a, b, c)]
         assert all(rec is not None for rec in recs)
-        fa = await r.watcher.facts(recs[0])  # type: ignore[arg-type]
-        fb = await r.watcher.facts(recs[1])  # type: ignore[arg-type]
-        fc = await r.watcher.facts(recs[2], lookup=False)  # type: ignore[arg-type]
+        diagnosing = r.watcher.diagnosing
+        fa = await diagnosing.read(recs[0])  # type: ignore[arg-type]
+        fb = await diagnosing.read(recs[1])  # type: ignore[arg-type]
+        fc = await diagnosing.read(recs[2], lookup=False)  # type: ignore[arg-type]
         workspace_gets = [
             e
             for _, e in r.events.events[seen:]
@@ -302,3 +331,33 @@ async def test_diagnosis_reads_a_workspace_build_once_and_only_when_asked(
         assert fa.build is not None and fa.build.status == "pending" and fb.build == fa.build
         assert fc.build is None and not fc.build_checked
         assert len(workspace_gets) == 1
+
+
+@pytest.mark.looptime
+async def test_reconcile_relists_at_exactly_the_jittered_interval(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """Beside the stream, the identity is relisted every reconcile_interval × U(0.9, 1.1)
+    (the seeded RNG): at exactly those loop times, and at no others."""
+    alice = sim.state.add_user("alice")
+    sim.state.add_chat(alice, status="waiting")
+    settings = dataclasses.replace(FAST, reconcile_interval=60.0)
+    async with watching(sim, alice, session, settings) as r:
+        started = asyncio.get_running_loop().time()
+        reconcile = asyncio.create_task(r.watcher.reconcile_forever())
+        await asyncio.sleep(200)
+        reconcile.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reconcile
+        listings = [
+            t
+            for t, (_, e) in zip(r.events.at, r.events.events, strict=True)
+            if e["type"] == "http:request" and "limit=500" in e["path"]
+        ]
+        rng = random.Random(2)  # the watcher's; nothing else drew from it (no redial)
+        expected, t = [], started
+        while (t := t + 60.0 * rng.uniform(0.9, 1.1)) < started + 200:
+            expected.append(t)
+        assert listings[0] == pytest.approx(0.0, abs=1e-6)  # the seed
+        assert listings[1:] == pytest.approx(expected, abs=2e-6)
+        assert len(expected) == 3 and r.health.relists == 4

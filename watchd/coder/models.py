@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, NewType
+from typing import Any, Literal, NewType, TypeGuard, get_args
 
 import orjson
 
@@ -22,9 +22,23 @@ from watchd.coder.errors import PayloadError
 
 ChatId = NewType("ChatId", str)
 
-ACTIVE_STATUSES = frozenset({"running", "pending", "interrupting"})
-BLOCKED_STATUSES = frozenset({"requires_action"})
-IDLE_STATUSES = frozenset({"waiting", "completed", "paused", "error"})
+# The one status vocabulary. The wire keeps ``str`` (Chat.status, ChatRecord.status): a
+# server may send a status this build does not know, and it is kept, armed with the
+# default budget and counted as ``status="other"``; code that names a status uses these.
+ActiveStatus = Literal["running", "pending", "interrupting"]
+BlockedStatus = Literal["requires_action"]
+IdleStatus = Literal["waiting", "completed", "paused", "error"]
+ChatStatus = Literal[ActiveStatus, BlockedStatus, IdleStatus]
+
+ACTIVE_STATUSES: frozenset[ChatStatus] = frozenset(get_args(ActiveStatus))
+BLOCKED_STATUSES: frozenset[ChatStatus] = frozenset(get_args(BlockedStatus))
+IDLE_STATUSES: frozenset[ChatStatus] = frozenset(get_args(IdleStatus))
+KNOWN_STATUSES: frozenset[ChatStatus] = ACTIVE_STATUSES | BLOCKED_STATUSES | IDLE_STATUSES
+
+
+def is_known(status: str) -> TypeGuard[ChatStatus]:
+    """Whether this build knows ``status`` (the rest are kept as strings, as ``other``)."""
+    return status in KNOWN_STATUSES
 
 
 @dataclass(frozen=True, slots=True)

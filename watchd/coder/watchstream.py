@@ -45,8 +45,7 @@ class WatchConnection:
     ws: aiohttp.ClientWebSocketResponse
     reader: int
     attempt: int
-    events: int = 0
-    pings: int = 0
+    events: int = 0  # said in the connection's ws:close
     malformed: int = 0
     _closed: bool = field(default=False)
 
@@ -97,9 +96,7 @@ class WatchConnection:
                             message=f"server error frame: {exc}"[:300],
                         )
                         raise ResyncNeeded(f"server reported: {exc}") from None
-                    if event is None:
-                        self.pings += 1
-                    else:
+                    if event is not None:  # None: an era's JSON keep-alive
                         self.events += 1
                         burst.append(event)
                 elif kind is ping:

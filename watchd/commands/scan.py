@@ -18,6 +18,7 @@ import aiohttp
 
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
+from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES
 from watchd.coder.transport import Transport
 from watchd.commands.configuring import load_config_or_report
 from watchd.config.fields import format_duration
@@ -98,7 +99,7 @@ async def scan_identity(
                 fresh = store.get(name, rec.chat_id) or rec
                 build = (
                     await client.workspace(fresh.workspace_id)
-                    if fresh.workspace_id and fresh.status != "requires_action"
+                    if fresh.workspace_id and fresh.status not in BLOCKED_STATUSES
                     else None
                 )
                 entry["hint"] = hint(Facts(record=fresh, build=build))
@@ -113,8 +114,7 @@ async def scan_identity(
         if policy is not None:
             action = (
                 policy.action
-                if rec.status in ("running", "pending", "interrupting")
-                or policy.action == "archive"
+                if rec.status in ACTIVE_STATUSES or policy.action == "archive"
                 else "archive"
             )
             result.sweep.append(

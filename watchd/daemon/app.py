@@ -44,9 +44,9 @@ from watchd.daemon.statewatch import StateWatch
 from watchd.daemon.supervisor import Supervisor
 from watchd.daemon.view import HISTORY_EVERY, ChatHistory
 from watchd.detection.detector import Detector
-from watchd.detection.health import IdentityHealth
 from watchd.kits import logs
 from watchd.store.chats import ChatStore
+from watchd.store.health import IdentityHealth
 from watchd.telemetry.events import EventSink, EventSource, NullSink
 from watchd.telemetry.filesource import FileSource
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
@@ -179,7 +179,7 @@ class Daemon:
         sup = self.supervisor
         try:
             if self._sink_override is not None:
-                self.detector.sink = self._sink_override
+                self.detector.ledger.sink = self._sink_override
             else:
                 self.dispatcher = Dispatcher(
                     route=self.route,
@@ -195,7 +195,7 @@ class Daemon:
                 self.identities.dispatcher = self.dispatcher
                 self.metrics.receivers(list(self.dispatcher.notifiers))
                 restored = self.dispatcher.restore()
-                self.detector.sink = self.dispatcher
+                self.detector.ledger.sink = self.dispatcher
                 sup.spawn("dispatch-housekeeping", self.dispatcher.run, group="core", root=True)
                 log.info("dispatch.restored", alerts=restored)
             try:
@@ -320,10 +320,12 @@ class Daemon:
                 self.settings, reconcile_interval=config.reconcile_interval
             )
         d = config.detection
-        self.detector.confirm_rate = d.confirm_rate
-        self.detector.listing_threshold = d.confirm_listing_threshold
-        self.detector.chat_failed = d.chat_failed
-        self.detector.link_template = config.chat_link_template
+        self.detector.retune(
+            confirm_rate=d.confirm_rate,
+            listing_threshold=d.confirm_listing_threshold,
+            chat_failed=d.chat_failed,
+            link_template=config.chat_link_template,
+        )
         # Only owned identities run here: a resharding reload starts and stops watchers
         # like an edit of the identity list would. One owned by another replica now keeps
         # its alerts firing there under the same fingerprints: handed over, not resolved.

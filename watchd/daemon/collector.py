@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
 from watchd.daemon.view import DaemonView, read_caps, telemetry_summary
-from watchd.detection.detector import SEVERITY
+from watchd.detection.alerts import SEVERITY
 from watchd.kits.tasks import TASKS
 
 if TYPE_CHECKING:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import aiohttp
@@ -29,11 +30,11 @@ from watchd.daemon.metrics import Metrics
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
-from watchd.detection.health import IdentityHealth
 from watchd.kits import logs
 from watchd.kits.clock import ServerClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.store.chats import ChatStore
+from watchd.store.health import IdentityHealth
 from watchd.store.persistence import StateDB
 from watchd.store.records import ChatRecord
 from watchd.telemetry.events import EventSink, own_source
@@ -61,11 +62,14 @@ class TimedConfirmer:
         finally:
             self.observe(asyncio.get_running_loop().time() - t0)
 
-    async def relist(self) -> None:
-        await self.watcher.relist()
+    async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
+        await self.watcher.relist(on_page=on_page)
 
     async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
-        return await self.watcher.facts(record, lookup=lookup)
+        got = await self.watcher.diagnosing.read(record, lookup=lookup)
+        return Facts(
+            record=record, build=got.build, quota=got.quota, build_checked=got.build_checked
+        )
 
 
 def reread_token(ident: IdentityConfig) -> str:
@@ -177,7 +181,7 @@ class Identities:
             health=health,
             client=client,
             store=self.store,
-            detector=self.detector,
+            changes=self.detector,
             listing_gate=self._gate,
             settings=settings,
             token_provider=lambda: reread_token(ident),
@@ -208,7 +212,7 @@ class Identities:
         poller = QuotaWatcher(
             health=health,
             client=client,
-            detector=self.detector,
+            alerts=self.detector.ledger,
             config=quota,
             labels=dict(ident.labels),
         )

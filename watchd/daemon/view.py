@@ -24,9 +24,9 @@ from watchd.config.secrets import ResolvedSecrets
 from watchd.daemon.heartbeat import Heartbeat
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
-from watchd.detection.health import IdentityHealth
 from watchd.kits.tasks import TASKS, TaskRegistry
 from watchd.store.chats import ChatStore
+from watchd.store.health import IdentityHealth
 from watchd.store.persistence import StateDB
 from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline

@@ -4,14 +4,22 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
-from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
+from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES, ChatStatus
 from watchd.config.watching import Budgets
-from watchd.store.chats import ChatRecord
+from watchd.store.records import ChatRecord
+
+StatusClass = Literal["active", "blocked", "idle", "unknown"]
+ChatVerdict = Literal["ChatStuck", "ChatStranded", "ChatStalled", "ChatFailed"]
+Clock = Literal["status", "stalled"]
+# A status the stalled clock and ChatFailed are about.
+RUNNING: ChatStatus = "running"
+ERROR: ChatStatus = "error"
 
 
-def status_class(status: str) -> str:
+def status_class(status: str) -> StatusClass:
+    """The class of a status off the wire; one this build does not know is ``unknown``."""
     if status in ACTIVE_STATUSES:
         return "active"
     if status in BLOCKED_STATUSES:
@@ -21,7 +29,7 @@ def status_class(status: str) -> str:
     return "unknown"
 
 
-def alert_name(status: str) -> str | None:
+def alert_name(status: str) -> Literal["ChatStuck", "ChatStranded"] | None:
     """ChatStuck for active (and unknown) statuses, ChatStranded for client pauses."""
     cls = status_class(status)
     if cls in ("active", "unknown"):
@@ -41,7 +49,7 @@ def budget(budgets: Budgets, status: str) -> float | None:
 class Overdue(NamedTuple):
     """A chat past its budget: the alert it earns, its time on that clock, the budget."""
 
-    alert: str
+    alert: ChatVerdict
     age: float
     budget: float
 
@@ -51,7 +59,7 @@ def past_budget(
     rec: ChatRecord,
     *,
     now: float,
-    clock: str = "status",
+    clock: Clock = "status",
     chat_failed: bool = False,
 ) -> Overdue | None:
     """Whether ``rec`` is past its budget at server time ``now``, on one of its clocks.
@@ -62,14 +70,14 @@ def past_budget(
     ``error`` chat is overdue at once, as ChatFailed.
     """
     if clock == "stalled":
-        if rec.status != "running" or budgets.stalled is None or rec.updated_at is None:
+        if rec.status != RUNNING or budgets.stalled is None or rec.updated_at is None:
             return None
         age = now - rec.updated_at
         return Overdue("ChatStalled", age, budgets.stalled) if age >= budgets.stalled else None
     limit = budget(budgets, rec.status)
     age = now - rec.since
     if limit is None:
-        if chat_failed and rec.status == "error":
+        if chat_failed and rec.status == ERROR:
             return Overdue("ChatFailed", age, 0.0)
         return None
     name = alert_name(rec.status)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from watchd.coder.models import Quota, WorkspaceBuild
-from watchd.store.chats import ChatRecord
+from watchd.store.records import ChatRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ loop's monotonic clock; this module only answers "what time is it *there*".
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -26,6 +27,19 @@ class SystemClock:
 
     def now(self) -> float:
         return time.time()
+
+
+def loop_time() -> float:
+    """The running event loop's clock (what scheduling uses), or the monotonic clock that
+    asyncio's loop reads when none is running (a record built before the loop starts).
+
+    The same clock in production; on a virtual loop (looptime in tests) durations measured
+    with it follow the loop's time instead of the host's.
+    """
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
 
 
 def parse_http_date(value: str) -> float | None:
@@ -54,7 +68,6 @@ class ServerClock:
         self._wall: WallClock = wall or SystemClock()
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)
         self.offset: float = 0.0
-        self.synced: bool = False
         # Responses without a usable Date header (the estimate then rests on the others).
         self.missing_date = 0
 
@@ -66,7 +79,6 @@ class ServerClock:
             return
         self._samples.append((server - received_at, server + 1.0 - sent_at))
         self.offset = best_agreement(self._samples)
-        self.synced = True
 
     def wall_now(self) -> float:
         return self._wall.now()

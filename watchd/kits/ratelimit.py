@@ -24,7 +24,6 @@ class RateLimiter:
         self._tokens = float(burst)
         self._stamp: float | None = None
         self._lock = asyncio.Lock()
-        self.waited = 0
 
     async def acquire(self) -> None:
         async with self._lock:
@@ -36,7 +35,6 @@ class RateLimiter:
             self._stamp = now
             if self._tokens < 1.0:
                 wait = (1.0 - self._tokens) / self.rate
-                self.waited += 1
                 await asyncio.sleep(wait)
                 self._tokens = 1.0
                 self._stamp = loop.time()

@@ -15,13 +15,13 @@ from pathlib import Path
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.config.sweep import SweepConfig, SweepPolicy
-from watchd.detection.health import IdentityHealth
 from watchd.kits import logs
 from watchd.kits.ratelimit import RateLimiter
 from watchd.remediation.announcing import Ledger, announcement, expire_announcements
 from watchd.remediation.audit import AuditLog
 from watchd.remediation.policies import compile_policies, match_policy
 from watchd.store.chats import ChatStore
+from watchd.store.health import IdentityHealth
 from watchd.store.persistence import StateDB
 from watchd.store.records import ChatRecord
 from watchd.store.rows import SweepEntry

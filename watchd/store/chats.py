@@ -36,25 +36,10 @@ from watchd.store.records import (
     CLOCK_TRANSITION,
     FUTURE_TOLERANCE,
     Change,
-    ChatKey,
     ChatRecord,
-    Identity,
     build,
     clock_start,
 )
-
-# The record types live in records; importers of them from here keep working.
-__all__ = [
-    "CLOCK_LOWER_BOUND",
-    "CLOCK_SYNTHESIZED",
-    "CLOCK_TRANSITION",
-    "FUTURE_TOLERANCE",
-    "Change",
-    "ChatKey",
-    "ChatRecord",
-    "ChatStore",
-    "Identity",
-]
 
 
 class ChatStore:

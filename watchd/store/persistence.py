@@ -38,9 +38,6 @@ from watchd.store.rows import (
     sweep_row,
 )
 
-# The record types live in rows; importers of them from here (the detector) keep working.
-__all__ = ["Body", "NflogEntry", "StateDB", "StoredAlert", "SweepEntry"]
-
 _Batch = tuple[
     dict[tuple[str, str], ChatRecord | None], dict[str, StoredAlert | None], dict[Any, Body | None]
 ]

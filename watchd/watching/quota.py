@@ -10,16 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Protocol
 
 from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.config.watching import QuotaConfig
-from watchd.detection.detector import Detector
-from watchd.detection.health import IdentityHealth
 from watchd.kits import logs
+from watchd.kits.clock import loop_time
+from watchd.store.health import IdentityHealth
 
 log = logs.get("watchd.quota")
+
+
+class AlertLedger(Protocol):
+    """Where QuotaLow fires and resolves (the daemon wires in the detector's ledger, so it
+    is persisted like every alert)."""
+
+    def raise_alert(self, alert: Alert, *, identity: str) -> None: ...
+
+    def clear_alert(self, fp: str, *, why: str) -> None: ...
 
 
 class QuotaWatcher:
@@ -28,13 +38,13 @@ class QuotaWatcher:
         *,
         health: IdentityHealth,
         client: CoderClient,
-        detector: Detector,
+        alerts: AlertLedger,
         config: QuotaConfig,
         labels: dict[str, str],
     ) -> None:
         self.health = health
         self.client = client
-        self.detector = detector
+        self.alerts = alerts
         self.config = config
         self.labels = labels
         self.fp = fingerprint(health.deployment, health.name, "QuotaLow")
@@ -60,20 +70,20 @@ class QuotaWatcher:
             h.quota_state = "error"
             log.warning("quota.failed", identity=h.name, error=str(exc))
             return
-        h.quota_checked = time.monotonic()
+        h.quota_checked = loop_time()
         if quota is None:
             self._state(
                 "unavailable",
                 "workspace quota is not available on this deployment "
                 "(no premium license, or an OSS build)",
             )
-            self.detector.clear_alert(self.fp, why="quota unavailable")
+            self.alerts.clear_alert(self.fp, why="quota unavailable")
             return
         h.quota = quota
         h.quota_error = ""
         if quota.unlimited:
             self._state("unlimited", "budget -1: no quota configured for this user")
-            self.detector.clear_alert(self.fp, why="no quota")
+            self.alerts.clear_alert(self.fp, why="no quota")
             return
         h.quota_state = "ok"
         threshold = self.config.threshold(quota.budget)
@@ -88,7 +98,7 @@ class QuotaWatcher:
                 "severity": "warning",
                 "status": "quota",
             }
-            self.detector.raise_alert(
+            self.alerts.raise_alert(
                 Alert(
                     fingerprint=self.fp,
                     labels=labels,
@@ -107,7 +117,7 @@ class QuotaWatcher:
                 identity=h.name,
             )
         else:
-            self.detector.clear_alert(self.fp, why="quota headroom recovered")
+            self.alerts.clear_alert(self.fp, why="quota headroom recovered")
 
     def _state(self, state: str, message: str) -> None:
         if self.health.quota_state != state:

@@ -2,17 +2,18 @@
 
 The watcher writes it; the detector reads it (no verdicts from stale data)
 and turns a long-unhealthy identity into IdentityUnhealthy; the status page
-and metrics show it.
+and metrics show it. It lives below both watching and detection (which must
+not import each other), beside the chats it describes. Durations are on the
+loop clock (:func:`watchd.kits.clock.loop_time`).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from watchd.coder.models import Quota
-from watchd.kits.clock import ServerClock
+from watchd.kits.clock import ServerClock, loop_time
 
 
 @dataclass
@@ -27,7 +28,7 @@ class IdentityHealth:
     seeded_once: bool = False
     # The first seed attempt has ended, seeded or not: what READY=1 and /readyz wait for.
     attempted_once: bool = False
-    not_ready_since: float = field(default_factory=time.monotonic)
+    not_ready_since: float = field(default_factory=loop_time)
     last_error: str = ""
     last_list_ok: float | None = None  # server time of the last complete listing
     last_list_chats: int = 0
@@ -48,7 +49,7 @@ class IdentityHealth:
     prefix: str = ""
     quota: Quota | None = None
     quota_state: str = "unknown"  # ok | unlimited | unavailable | error | unknown
-    quota_checked: float | None = None  # monotonic
+    quota_checked: float | None = None  # loop clock
     quota_error: str = ""
 
     # Told each complete listing's duration (the daemon's histogram); not compared or shown.
@@ -73,7 +74,7 @@ class IdentityHealth:
         if error:
             self.last_error = error
         if was_ready and not self.ready:
-            self.not_ready_since = time.monotonic()
+            self.not_ready_since = loop_time()
         if self.ready:
             self.seeded_once = True
         if state in ("ready", "auth_failed", "not_found", "unreachable"):

@@ -1,0 +1,222 @@
+"""What a verdict says: the labels and annotations of the detector's alerts.
+
+Pure rendering (docs/alerting.md): given a chat record, its verdict and the facts
+gathered about it, build the :class:`Alert`. It reads no clock of its own (the caller
+says when it measured) and fires nothing; the ledger does that. Its caches only
+remember text a burst repeats (label names, durations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from watchd.alerting.model import Alert
+from watchd.config.fields import format_duration
+from watchd.detection.budgets import ChatVerdict
+from watchd.detection.diagnosis import INVALID_HINT, Facts, hint
+from watchd.store.health import IdentityHealth
+from watchd.store.records import CLOCK_LOWER_BOUND, CLOCK_SYNTHESIZED, ChatRecord
+
+CLOCK_TEXT = {
+    "transition": "transition seen on the watch stream (exact)",
+    CLOCK_SYNTHESIZED: "transition found by a listing; clock from updated_at (a lower bound)",
+    CLOCK_LOWER_BOUND: "first seen in a listing; clock from updated_at (a lower bound: the "
+    "true time in status is at least this)",
+}
+SEVERITY = {
+    "ChatStuck": "warning",
+    "ChatStranded": "warning",
+    "ChatStalled": "warning",
+    "ChatFailed": "info",
+    "IdentityUnhealthy": "critical",
+}
+_LABEL_KEY = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+class Renderer:
+    """Builds chat and identity alerts; remembers the label names and durations a burst
+    of ten thousand alerts would otherwise format ten thousand times."""
+
+    def __init__(self, *, link_template: str) -> None:
+        self.link_template = link_template
+        self._label_keys: dict[str, str] = {}  # chat label key -> alert label name
+        self._durations: dict[int, str] = {}
+
+    def chat_alert(
+        self,
+        rec: ChatRecord,
+        *,
+        deployment: str,
+        labels: Mapping[str, str],
+        name: ChatVerdict,
+        age: float,
+        limit: float,
+        since: float,
+        facts: Facts,
+        fp: str,
+        clock: str,
+        measured_at: float,
+        invalid: str | None = None,
+        burst: int = 1,
+    ) -> Alert:
+        """``labels``: the identity's own; ``invalid``: coderd's message when a mutation
+        found the chat's execution state invalid; ``burst``: chats confirmed together."""
+        out: dict[str, str] = {}
+        keys = self._label_keys
+        for k, v in rec.labels:
+            key = keys.get(k)
+            if key is None:
+                key = keys[k] = f"chat_label_{_LABEL_KEY.sub('_', k)}"
+                if len(keys) > 10_000:
+                    keys.clear()
+            out[key] = v
+        out.update(labels)
+        out["alertname"] = name
+        out["identity"] = rec.identity
+        out["deployment"] = deployment
+        out["status"] = rec.status
+        out["severity"] = SEVERITY[name]
+        out["owner"] = rec.owner
+        out["chat_id"] = rec.chat_id
+        title = rec.title or "(untitled)"
+        age_text = self.duration(age)
+        limit_text = self.duration(limit)
+        if name == "ChatStalled":
+            summary = (
+                f'Chat "{title}" has made no server-side progress for '
+                f"{age_text} while running (budget {limit_text})"
+            )
+            clock_text = "stalled: time since updated_at last moved"
+        elif name == "ChatFailed":
+            summary = f'Chat "{title}" failed'
+            clock_text = CLOCK_TEXT.get(rec.clock, rec.clock)
+        else:
+            summary = f'Chat "{title}" has been {rec.status} for {age_text} (budget {limit_text})'
+            clock_text = CLOCK_TEXT.get(rec.clock, rec.clock)
+        annotations = {
+            "summary": summary,
+            "title": title,
+            "time_in_status": age_text,
+            "time_in_status_seconds": f"{age:.0f}",
+            "budget": limit_text,
+            "since": iso(since),
+            "clock": rec.clock if clock == "status" else "stalled",
+            "clock_description": clock_text,
+            "link": self.link_template.format(deployment=deployment, chat_id=rec.chat_id),
+            "hint": hint(facts, burst=burst, invalid_state=invalid),
+        }
+        if rec.workspace_id:
+            annotations["workspace_id"] = rec.workspace_id
+        if facts.build is not None:
+            annotations["workspace_build"] = facts.build.status + (
+                f" ({facts.build.error_code})" if facts.build.error_code else ""
+            )
+        if facts.quota is not None:
+            annotations["quota"] = (
+                "unlimited"
+                if facts.quota.unlimited
+                else f"{facts.quota.credits_consumed}/{facts.quota.budget}"
+            )
+        if rec.queued_for_capacity:
+            annotations["queued_for_capacity"] = "true"
+        if invalid is not None:
+            annotations["execution_state"] = f"invalid: {invalid}"
+        if rec.mode:
+            annotations["mode"] = rec.mode
+        if rec.client_type:
+            annotations["client_type"] = rec.client_type
+        if rec.context_error:
+            annotations["context_error"] = rec.context_error
+        if rec.warnings:
+            annotations["warnings"] = "; ".join(rec.warnings)
+        if rec.parent_id:
+            annotations["parent_chat_id"] = rec.parent_id
+        if rec.last_error is not None:
+            e = rec.last_error
+            annotations["last_error"] = (
+                f"{e.message} (kind={e.kind}, provider={e.provider or '-'}, "
+                f"status={e.status_code if e.status_code is not None else '-'}, "
+                f"retryable={'yes' if e.retryable else 'no'})"
+            )
+        # startsAt from what the server said (the clock start plus the budget: when the
+        # chat went past it), never from this replica's clock: every replica owning the
+        # identity sends the same one, as it sends the same fingerprint (docs/kubernetes.md).
+        return Alert(
+            fingerprint=fp,
+            labels=out,
+            annotations=annotations,
+            starts_at=since + limit,
+            measured_at=measured_at,
+        )
+
+    def duration(self, seconds: float) -> str:
+        """format_duration, remembered: a burst repeats the same few values."""
+        whole = round(seconds)
+        text = self._durations.get(whole)
+        if text is None:
+            if len(self._durations) > 4096:
+                self._durations.clear()
+            text = self._durations[whole] = format_duration(whole)
+        return text
+
+
+def identity_unhealthy(
+    h: IdentityHealth,
+    *,
+    fp: str,
+    labels: Mapping[str, str],
+    down_for: float,
+    starts_at: float,
+) -> Alert:
+    """IdentityUnhealthy for an identity that cannot watch its chats for ``down_for``."""
+    out = dict(labels)
+    out.update(
+        {
+            "alertname": "IdentityUnhealthy",
+            "identity": h.name,
+            "deployment": h.deployment,
+            "severity": "critical",
+            "status": h.state,
+        }
+    )
+    return Alert(
+        fingerprint=fp,
+        labels=out,
+        starts_at=starts_at,
+        annotations={
+            "summary": f"Identity {h.name} cannot watch its chats ({h.state}) for "
+            f"{format_duration(down_for)}",
+            # Lets renderers keep "for …" live (alerting.model.live).
+            "time_in_status": format_duration(down_for),
+            "time_in_status_seconds": f"{down_for:.0f}",
+            "last_error": h.last_error or "(none)",
+            "hint": _identity_hint(h),
+            "effect": "no ChatStuck verdicts for this identity until it recovers",
+        },
+    )
+
+
+def said_invalid(alert: Alert, message: str) -> Alert:
+    """A firing chat alert re-said with its execution state found invalid."""
+    annotations = dict(alert.annotations)
+    annotations["execution_state"] = f"invalid: {message}"
+    annotations["hint"] = INVALID_HINT
+    return dataclasses.replace(alert, annotations=annotations)
+
+
+def _identity_hint(h: IdentityHealth) -> str:
+    if h.state == "auth_failed":
+        return (
+            "the token was refused (401/403): rotate it and update the token file; "
+            "watchd re-reads it on retry"
+        )
+    if h.state == "not_found":
+        return "no chats API at this URL under /api/v2 or /api/experimental: check the url"
+    return "Coder is unreachable or failing: check the deployment and the network path"

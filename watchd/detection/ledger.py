@@ -1,0 +1,222 @@
+"""The firing alerts of every kind, and nothing else: remember, fire, resolve, persist.
+
+Chat verdicts, IdentityUnhealthy, QuotaLow (the quota watcher) and ChatSwept (the
+sweeper) all go through here, so every firing alert is in the state DB and resolves
+after a restart as it would have before it. A chat verdict also *holds its clock*:
+its timer is cancelled while it fires (no re-confirm loop), and re-armed by the
+detector only once it resolves. Renders nothing (:mod:`watchd.detection.alerts`) and
+decides nothing (:mod:`watchd.detection.detector`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from watchd.alerting.model import Alert, AlertSink, resolution
+from watchd.detection.alerts import said_invalid
+from watchd.detection.timers import TimerHeap
+from watchd.kits import logs
+from watchd.kits.clock import WallClock
+from watchd.store.persistence import StateDB
+from watchd.store.records import ChatRecord
+from watchd.store.rows import StoredAlert
+
+log = logs.get("watchd.detection")
+
+HISTORY = 500
+CHAT_VERDICTS = frozenset({"ChatStuck", "ChatStranded", "ChatStalled", "ChatFailed"})
+ClockKey = tuple[str, str, str]  # (identity, chat id, clock name)
+
+
+def clock_of(name: str) -> str:
+    """The chat clock a verdict is about."""
+    return "stalled" if name == "ChatStalled" else "status"
+
+
+class Ledger:
+    def __init__(
+        self,
+        *,
+        sink: AlertSink,
+        db: StateDB | None,
+        timers: TimerHeap,
+        wall: WallClock,
+        counters: dict[str, int],
+    ) -> None:
+        self.sink = sink
+        self.db = db
+        self.timers = timers
+        self.wall = wall
+        self.counters = counters
+        self.firing: dict[str, Alert] = {}
+        self.by_chat: dict[tuple[str, str], set[str]] = {}
+        # Clocks whose alert is firing: not re-armed until it resolves (no re-confirm loop).
+        self.firing_clocks: dict[ClockKey, str] = {}
+        self.history: deque[Alert] = deque(maxlen=HISTORY)
+        # (identity, chat id) -> coderd's message, for chats whose execution state a
+        # mutation found invalid (told by the sweep); cleared when the chat moves.
+        self.invalid: dict[tuple[str, str], str] = {}
+        if db is not None:
+            for row in db.load_alerts():
+                if row.ends_at is None:
+                    self._remember(
+                        Alert(
+                            fingerprint=row.fingerprint,
+                            labels=row.labels,
+                            annotations=row.annotations,
+                            starts_at=row.starts_at,
+                        )
+                    )
+
+    # -- firing -------------------------------------------------------------------
+
+    def fire(
+        self, alert: Alert, *, identity: str, chat_id: str | None, quiet: bool = False
+    ) -> None:
+        self._remember(alert)
+        if self.db is not None:
+            self.db.save_alert(
+                StoredAlert(
+                    alert.fingerprint,
+                    identity,
+                    chat_id,
+                    alert.labels,
+                    alert.annotations,
+                    alert.starts_at,
+                    alert.ends_at,
+                )
+            )
+        self.counters["fired"] += 1
+        self.history.append(alert)
+        (log.debug if quiet else log.warning)(
+            "alert.firing",
+            alertname=alert.name,
+            identity=identity,
+            chat_id=chat_id,
+            fingerprint=alert.fingerprint,
+            summary=alert.annotations.get("summary"),
+            clock=alert.annotations.get("clock"),
+        )
+        self.sink.put(alert)
+
+    def raise_alert(self, alert: Alert, *, identity: str) -> None:
+        """Fire an identity-level alert once (persisted like every other)."""
+        if alert.fingerprint not in self.firing:
+            self.fire(alert, identity=identity, chat_id=None)
+
+    def _remember(self, alert: Alert) -> None:
+        self.firing[alert.fingerprint] = alert
+        chat = alert.labels.get("chat_id")
+        # Only verdicts about a chat's state hold its clock (ChatSwept, an announcement,
+        # must neither stop the chat's timer nor resolve when the chat moves).
+        if chat and alert.name in CHAT_VERDICTS:
+            identity = alert.labels.get("identity", "")
+            self.by_chat.setdefault((identity, chat), set()).add(alert.fingerprint)
+            clock = clock_of(alert.name)
+            self.firing_clocks[(identity, chat, clock)] = alert.fingerprint
+            self.timers.cancel((identity, chat, clock))
+
+    def note_invalid(self, identity: str, chat_id: str, message: str) -> None:
+        """A mutation found this chat's execution state invalid (409 "Chat is in an invalid
+        state."): later alerts say so, and alerts already firing are re-sent saying so."""
+        key = (identity, chat_id)
+        if self.invalid.get(key) == message:
+            return
+        if len(self.invalid) >= 10_000:
+            self.invalid.pop(next(iter(self.invalid)))
+        self.invalid[key] = message
+        for fp in list(self.by_chat.get(key, ())):
+            alert = self.firing.get(fp)
+            if alert is None or alert.name == "ChatStalled":
+                continue
+            updated = said_invalid(alert, message)
+            self.firing[fp] = updated
+            if self.db is not None:
+                self.db.save_alert(
+                    StoredAlert(
+                        fp,
+                        identity,
+                        chat_id,
+                        updated.labels,
+                        updated.annotations,
+                        updated.starts_at,
+                        None,
+                    )
+                )
+            self.sink.put(updated)
+
+    # -- resolving ----------------------------------------------------------------
+
+    def clear_alert(self, fp: str, *, why: str) -> None:
+        self.resolve(fp, at=self.wall.now(), why=why)
+
+    def resolve_chat(
+        self, rec: ChatRecord, *, why: str, names: tuple[str, ...] | None = None
+    ) -> None:
+        fps = self.by_chat.get(rec.key)
+        if not fps:
+            return
+        now = self.wall.now()
+        for fp in list(fps):
+            alert = self.firing.get(fp)
+            if alert is None or (names is not None and alert.name not in names):
+                continue
+            self.resolve(fp, at=now, why=why)
+
+    def of_identity(self, name: str) -> Iterable[tuple[str, Alert]]:
+        """The identity's firing alerts (a snapshot: safe to resolve while iterating)."""
+        return [(fp, a) for fp, a in self.firing.items() if a.labels.get("identity") == name]
+
+    def resolve(self, fp: str, *, at: float, why: str) -> None:
+        alert = self.firing.pop(fp, None)
+        if alert is None:
+            return
+        chat = alert.labels.get("chat_id")
+        if chat:
+            self._forget_chat(alert.labels.get("identity", ""), chat, fp, alert.name)
+        # A chat alert starts at a server time; a host clock behind the server must not
+        # end it before it started (Alertmanager refuses endsAt < startsAt).
+        resolved = resolution(alert, at=max(at, alert.starts_at), why=why)
+        if self.db is not None:
+            self.db.delete_alert(fp)
+        self.counters["resolved"] += 1
+        self.history.append(resolved)
+        log.info(
+            "alert.resolved",
+            alertname=alert.name,
+            identity=alert.labels.get("identity"),
+            chat_id=chat,
+            fingerprint=fp,
+            reason=why,
+        )
+        self.sink.put(resolved)
+
+    def hand_over(self, name: str) -> list[str]:
+        """Forget an identity's firing alerts without resolving them: another replica owns
+        the identity now (resharding) and keeps them firing under the same fingerprints.
+        Returns the fingerprints dropped."""
+        dropped = []
+        for fp, alert in self.of_identity(name):
+            del self.firing[fp]
+            chat = alert.labels.get("chat_id")
+            if chat:
+                # Unconditionally (not only when this fingerprint holds the clock): the
+                # identity's clocks are this replica's no longer.
+                self.firing_clocks.pop((name, chat, clock_of(alert.name)), None)
+                self._forget_chat(name, chat, fp, None)
+            if self.db is not None:
+                self.db.delete_alert(fp)
+            dropped.append(fp)
+        return dropped
+
+    def _forget_chat(self, identity: str, chat: str, fp: str, name: str | None) -> None:
+        if name is not None:
+            key = (identity, chat, clock_of(name))
+            if self.firing_clocks.get(key) == fp:
+                del self.firing_clocks[key]
+        fps = self.by_chat.get((identity, chat))
+        if fps is not None:
+            fps.discard(fp)
+            if not fps:
+                del self.by_chat[(identity, chat)]

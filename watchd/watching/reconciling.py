@@ -1,0 +1,263 @@
+"""The reconcile beside the stream: relist periodically, and confirm what a listing lacked.
+
+The stream drops events, so one identity's chats are relisted every
+``reconcile_interval`` (jittered) regardless of it. A complete listing that lacks
+a known chat only marks it *absent*; between listings the absent chats are
+confirmed by GET (404 → gone, ``archived`` → archived), and an idle chat is
+tombstoned without a GET only when two consecutive complete listings lack it
+(docs/coder-api.md, "the moving cursor"). Chats whose events overflowed the
+watcher's buffer during a listing are re-read here the same way. The watcher owns
+the socket; a reconcile that fails asks it to drop the stream (loop 1 re-seeds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Set as AbstractSet
+from typing import Protocol
+
+import structlog
+
+from watchd.coder.client import CoderClient, Listing
+from watchd.coder.errors import CoderError, PayloadError
+from watchd.coder.models import IDLE_STATUSES
+from watchd.kits import logs
+from watchd.kits.clock import loop_time
+from watchd.store.chats import ChatStore
+from watchd.store.health import IdentityHealth
+from watchd.store.records import Change
+
+log = logs.get("watchd.watching")
+
+# Idle chats missing from a listing are confirmed by GET only when this few are missing
+# (a mass deletion waits for a second listing instead of a GET storm); a chat whose
+# status has a budget is always confirmed by GET.
+ABSENT_GET_LIMIT = 20
+ABSENT_GETS_PER_PASS = 100
+
+
+class ChangeSink(Protocol):
+    """Where an identity's store changes go (the daemon wires in the detector): watching
+    and detection do not import each other."""
+
+    def apply(self, identity: str, changes: Iterable[Change]) -> None: ...
+
+    def readiness_changed(self, name: str) -> None: ...
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        health: IdentityHealth,
+        client: CoderClient,
+        store: ChatStore,
+        changes: ChangeSink,
+        listing_gate: asyncio.Semaphore,
+        interval: float,
+        absent_confirm_rate: float,
+        rng: random.Random,
+        drop_stream: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.health = health
+        self.name = health.name
+        self.client = client
+        self.store = store
+        self.changes = changes
+        self.gate = listing_gate
+        self.interval = interval
+        self.absent_confirm_rate = absent_confirm_rate
+        self.rng = rng
+        self.drop_stream = drop_stream
+        self._relist_lock = asyncio.Lock()
+        self._relist_now = False
+        # Chats waiting for a GET, in order: "absent" (a listing lacked them) or "dirty"
+        # (their events overflowed the buffer during a listing).
+        self.to_confirm: dict[str, str] = {}
+        self._absent_wake = asyncio.Event()
+        self._clock_warned: set[str] = set()
+
+    def reread(self, dirty: set[str]) -> None:
+        """Chats whose events overflowed the buffer: a few are read by GET (as absent
+        chats are), many by one more listing right away."""
+        if len(dirty) <= ABSENT_GET_LIMIT:
+            for chat_id in dirty:
+                self.to_confirm.setdefault(chat_id, "dirty")
+        else:
+            self._relist_now = True
+        log.info("watch.reread", identity=self.name, chats=len(dirty), by_listing=self._relist_now)
+        self._absent_wake.set()
+
+    async def forever(self) -> None:
+        """Relist every ``reconcile_interval`` (jittered); between listings, confirm the
+        chats the last complete listing lacked."""
+        structlog.contextvars.bind_contextvars(identity=self.name)
+        interval = self.interval
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + interval * self.rng.uniform(0.9, 1.1)
+            while (left := due - loop.time()) > 0:
+                if self._relist_now and self.health.ready:
+                    break
+                if self.to_confirm and self.health.ready:
+                    await self.confirm_absent()
+                    continue
+                self._absent_wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self._absent_wake.wait()
+            if not self.health.ready:
+                continue
+            self._relist_now = False
+            try:
+                await self.relist()
+            except (CoderError, PayloadError) as exc:
+                log.warning("reconcile.failed", identity=self.name, error=str(exc))
+                # The view can't be trusted: drop the stream and let loop 1 re-seed.
+                self.health.last_error = f"reconcile failed: {exc}"
+                await self.drop_stream()
+
+    async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
+        """A listing applied to the store (new chats, transitions, refreshes).
+
+        ``on_page`` is told, after each page is applied, the ids the listing has read so
+        far (the detector's confirmation uses it to see which due chats a page read).
+
+        Applied page by page as the pages arrive, so a large fleet's rows die young
+        instead of piling up (and being scanned by the garbage collector) until the
+        end. Only a *complete* listing says anything about chats it lacks, and then only
+        that they are absent (see :meth:`_absent_found`).
+        """
+        async with self._relist_lock:
+            clock = self.health.server_clock
+            present: set[str] = set()
+            listing = Listing()
+            async with self.gate:
+                began = loop_time()
+                started = clock.now()
+                async for rows in self.client.chat_rows(listing=listing):
+                    changes = self.store.observe_rows(
+                        self.name, rows, now=clock.now(), present=present
+                    )
+                    if changes:
+                        self.changes.apply(self.name, changes)
+                    if on_page is not None:
+                        on_page(present)
+            if listing.complete:
+                absent = self.store.finish_listing(self.name, present, started=started)
+                if absent:
+                    self._absent_found(absent)
+            else:
+                self.health.incomplete_listings += 1
+                log.warning(
+                    "listing.incomplete",
+                    identity=self.name,
+                    why=listing.incomplete,
+                    pages=listing.pages,
+                    rows=listing.rows,
+                    note="no chat is taken as missing from this listing",
+                )
+            self.health.last_list_seconds = round(loop_time() - began, 3)
+            self.health.last_list_ok = clock.now()
+            self.health.last_list_chats = len(present)
+            self.health.last_list_pages = listing.pages
+            self.health.relists += 1
+            self._check_clock()
+
+    def _check_clock(self) -> None:
+        """Say once per identity when the deployment's clock cannot be trusted: responses
+        without a Date header, or chat timestamps ahead of it or before the chats began."""
+        clock = self.health.server_clock
+        said = self._clock_warned
+        if clock.missing_date and "date" not in said:
+            said.add("date")
+            log.warning(
+                "clock.no_date_header",
+                identity=self.name,
+                responses=clock.missing_date,
+                note="the server clock is estimated from the other responses only",
+            )
+        ahead = self.store.future_clamped.get(self.name, 0)
+        before = self.store.before_created.get(self.name, 0)
+        if (ahead or before) and "stamps" not in said:
+            said.add("stamps")
+            log.warning(
+                "clock.disagrees",
+                identity=self.name,
+                ahead_of_server_clock=ahead,
+                before_created_at=before,
+                offset_seconds=round(clock.offset, 3),
+                note="such timestamps are clamped to the server clock or ignored as clocks",
+            )
+
+    def _absent_found(self, absent: dict[str, int]) -> None:
+        """Sort the chats a complete listing lacked: confirm by GET, wait, or tombstone."""
+        few = len(absent) <= ABSENT_GET_LIMIT
+        gone: list[Change] = []
+        for chat_id, missed in absent.items():
+            rec = self.store.get(self.name, chat_id)
+            if rec is None:
+                continue
+            if rec.status in IDLE_STATUSES and not few:
+                if missed >= 2:
+                    change = self.store.tombstone(
+                        self.name, chat_id, reason="gone (missing from two complete listings)"
+                    )
+                    if change is not None:
+                        gone.append(change)
+                continue
+            self.to_confirm[chat_id] = "absent"
+        self.health.absent = len(self.store.absent(self.name))
+        if gone:
+            self.changes.apply(self.name, gone)
+        if self.to_confirm:
+            log.info(
+                "listing.absent",
+                identity=self.name,
+                missing=len(absent),
+                to_confirm=len(self.to_confirm),
+                tombstoned=len(gone),
+            )
+            self._absent_wake.set()
+
+    async def confirm_absent(self) -> None:
+        """GET chats a complete listing lacked, at ``absent_confirm_rate``: 404 → gone,
+        ``archived`` → archived, otherwise the chat is there (the cursor skipped it) and
+        keeps its clock. A failed read leaves it absent for the next listing to judge."""
+        batch = list(self.to_confirm)[:ABSENT_GETS_PER_PASS]
+        interval = 1.0 / self.absent_confirm_rate
+        clock = self.health.server_clock
+        absent = self.store.absent(self.name)
+        for chat_id in batch:
+            why = self.to_confirm.pop(chat_id, "absent")
+            if why == "absent" and chat_id not in absent:
+                continue  # seen again meanwhile (an event, a later listing)
+            self.health.absent_confirms += 1
+            change: Change | None
+            try:
+                chat = await self.client.get_chat(chat_id)
+            except CoderError as exc:
+                if exc.status != 404:
+                    log.info(
+                        "absent.confirm_failed", identity=self.name, chat_id=chat_id, error=str(exc)
+                    )
+                    return
+                change = self.store.tombstone(self.name, chat_id, reason="gone (404)")
+            except PayloadError as exc:
+                log.info(
+                    "absent.confirm_failed", identity=self.name, chat_id=chat_id, error=str(exc)
+                )
+                continue
+            else:
+                # A dirty re-read is no more authoritative than the events since it.
+                via = "confirm" if why == "absent" else "listing"
+                change = self.store.observe(self.name, chat, now=clock.now(), via=via)
+                if change is None and not chat.archived:
+                    log.debug("absent.still_there", identity=self.name, chat_id=chat_id)
+            if change is not None:
+                self.changes.apply(self.name, (change,))
+            await asyncio.sleep(interval)
+        self.health.absent = len(self.store.absent(self.name))
