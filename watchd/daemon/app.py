@@ -10,12 +10,9 @@ detector, flush state, close sessions — each step with a deadline.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import sqlite3
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import aiohttp
@@ -26,38 +23,37 @@ from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import Alert, AlertSink
 from watchd.alerting.receivers.build import build_all
 from watchd.alerting.silencing import Inhibitor, Silencer, from_config, silence_from_json
-from watchd.coder.transport import USER_AGENT
 from watchd.config.fields import ConfigError
 from watchd.config.model import Config, shard_index
 from watchd.config.secrets import ResolvedSecrets
 from watchd.config.watching import IdentityConfig
 from watchd.daemon import reloading, view
 from watchd.daemon.heartbeat import Heartbeat
-from watchd.daemon.identities import Identities, plan
+from watchd.daemon.identities import Identities, plan, user_agent
 from watchd.daemon.metrics import Metrics
 from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir, open_state
 from watchd.daemon.sdnotify import SdNotifier, keep_informed
 from watchd.daemon.server import Server
 from watchd.daemon.silences_api import SilenceBook, SilencesApi
-from watchd.daemon.spans import build_pipeline
+from watchd.daemon.spans import build_pipeline, file_sources
 from watchd.daemon.statewatch import StateWatch
+from watchd.daemon.stopping import stop_in_order
 from watchd.daemon.supervisor import Supervisor
+from watchd.daemon.sweeping import SweepSlot
 from watchd.daemon.view import HISTORY_EVERY, ChatHistory
 from watchd.detection.detector import Detector
 from watchd.kits import logs
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
-from watchd.telemetry.events import EventSink, EventSource, NullSink
+from watchd.telemetry.events import EventSink, NullSink
 from watchd.telemetry.filesource import FileSource
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
 if TYPE_CHECKING:
-    # Imported when a sweep is configured (_make_sweeper): most daemons never sweep.
+    # Imported when a sweep is configured (daemon/sweeping.py): most daemons never sweep.
     from watchd.remediation.sweeper import Sweeper
 
 log = logs.get("watchd.daemon")
-
-STOP_DEADLINES = {"server": 1.0, "watchers": 2.0, "core": 1.0, "flush": 2.0, "spans": 2.0}
 
 
 class _Pending:
@@ -65,10 +61,6 @@ class _Pending:
 
     def put(self, alert: Alert) -> None:
         raise RuntimeError("alert fired before the daemon started its dispatcher")
-
-
-def state_dir(config: Config) -> Path:
-    return effective_state_dir(config.state_dir)
 
 
 class Daemon:
@@ -108,7 +100,7 @@ class Daemon:
         self._settings_from_config = settings is None
         self.settings = settings or WatchSettings(reconcile_interval=config.reconcile_interval)
         self.last_reload: dict[str, Any] | None = None
-        self.state_lock, self.db = open_state(state_dir(config))
+        self.state_lock, self.db = open_state(effective_state_dir(config.state_dir))
         loaded = self.store.load(self.db.load_chats())
         self.detector = Detector(
             store=self.store,
@@ -120,7 +112,7 @@ class Daemon:
             link_template=config.chat_link_template,
         )
         self.state_watch = StateWatch(
-            db=self.db, detector=self.detector, state_dir=str(state_dir(config))
+            db=self.db, detector=self.detector, state_dir=str(effective_state_dir(config.state_dir))
         )
         self._sink_override = sink
         self.stdout = stdout
@@ -149,7 +141,17 @@ class Daemon:
         self.health: dict[str, IdentityHealth] = self.identities.health
         self.watchers: dict[str, IdentityWatcher] = self.identities.watchers
         self.file_sources: list[FileSource] = []
-        self.sweeper: Sweeper | None = self._make_sweeper(config)
+        self.sweep = SweepSlot(
+            supervisor=self.supervisor,
+            store=self.store,
+            health=self.health,
+            watchers=self.watchers,
+            db=self.db,
+            detector=self.detector,
+            audit_path=effective_state_dir(config.state_dir) / "sweep-audit.jsonl",
+            labels=lambda n: next((i.labels for i in self.config.identities if i.name == n), {}),
+        )
+        self.sweep.sweeper = self.sweep.build(config.sweep)
         self.history = ChatHistory()
         self.server = Server(
             self,
@@ -220,16 +222,9 @@ class Daemon:
             sup.spawn("state-flusher", self.state_watch.run, group="core", root=True)
             sup.spawn("systemd-notify", self._systemd, group="core", root=True)
             sup.spawn("spans", self.telemetry.run, group="core", root=True)
-            if self.sweeper is not None:
-                sup.spawn("sweep", self.sweeper.run, group="watchers", restart=True)
-            for i, fs in enumerate(self.config.telemetry.sources):
-                source = FileSource(
-                    fs.path,
-                    source=EventSource(fs.service, fs.instance, fs.agent),
-                    sink=self.telemetry.sink,
-                    from_start=fs.from_start,
-                )
-                self.file_sources.append(source)
+            self.sweep.start()
+            self.file_sources = file_sources(self.config.telemetry, self.telemetry.sink)
+            for i, source in enumerate(self.file_sources):
                 sup.spawn(f"file-source:{i}", source.run, group="watchers", restart=True)
             owned = self.owned()
             log.info(
@@ -258,14 +253,6 @@ class Daemon:
     def owned(self, config: Config | None = None) -> list[IdentityConfig]:
         """The identities this replica watches under ``config`` (the current one)."""
         return (config or self.config).owned_identities(self.shard_index)
-
-    def user_agent(self) -> str:
-        """The Coder-facing User-Agent; with replicas it names this one, so Coder's logs
-        (and the simulator's request log) say which replica asked."""
-        sh = self.config.sharding
-        if sh.replicas == 1:
-            return USER_AGENT
-        return f"{USER_AGENT} replica/{self.shard_index}-of-{sh.replicas}"
 
     @property
     def ingest_counts(self) -> Mapping[str, int]:
@@ -341,7 +328,7 @@ class Daemon:
             start=self.add_identity,
         )
         if previous.sweep != config.sweep:
-            await self._restart_sweeper()
+            await self.sweep.replace(config.sweep)
         self.route = routing.build(config.route)
         self.inhibitor = Inhibitor(config.inhibit_rules)
         self.silencer.replace_config(from_config(config.silences, now=time.time()))
@@ -363,33 +350,9 @@ class Daemon:
         self.notifier.notify(READY="1", STATUS=status)
         return True
 
-    def _make_sweeper(self, config: Config) -> Sweeper | None:
-        if not config.sweep.enabled:
-            return None
-        from watchd.remediation.sweeper import Sweeper
-
-        return Sweeper(
-            config=config.sweep,
-            store=self.store,
-            health=self.health,
-            clients=lambda n: self.watchers[n].client if n in self.watchers else None,
-            db=self.db,
-            ledger=self.detector,
-            audit_path=state_dir(config) / "sweep-audit.jsonl",
-            labels=lambda n: next((i.labels for i in self.config.identities if i.name == n), {}),
-            on_invalid=self.detector.note_invalid,
-        )
-
-    async def _restart_sweeper(self) -> None:
-        """Sweep settings changed: a new sweeper (its counts and audit trail carried over)."""
-        await self.supervisor.stop("sweep")
-        old = self.sweeper
-        self.sweeper = self._make_sweeper(self.config)
-        if self.sweeper is not None:
-            if old is not None:
-                self.sweeper.counts.update(old.counts)
-                self.sweeper.recent.extend(old.recent)
-            self.supervisor.spawn("sweep", self.sweeper.run, group="watchers", restart=True)
+    @property
+    def sweeper(self) -> Sweeper | None:
+        return self.sweep.sweeper
 
     async def remove_identity(self, name: str, *, forget: bool, hand_over: bool = False) -> None:
         await self.identities.remove(name, forget=forget, hand_over=hand_over)
@@ -400,7 +363,7 @@ class Daemon:
             token=self.secrets.tokens[ident.name].get_secret_value(),
             config=self.config,
             settings=self.settings,
-            user_agent=self.user_agent(),
+            user_agent=user_agent(self.config.sharding.replicas, self.shard_index),
         )
 
     def _delivered(self, receiver: str, seconds: float) -> None:
@@ -419,24 +382,15 @@ class Daemon:
 
     async def shutdown(self) -> None:
         """Ordered, deadline-bound: intake, watchers, core, state, sessions."""
-        t0 = time.monotonic()
-        self.notifier.stopping()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.server.stop(), STOP_DEADLINES["server"])
-        hung = await self.supervisor.stop_group("watchers", deadline=STOP_DEADLINES["watchers"])
-        for name in list(self.watchers):
-            self.health[name].set_state("stopped")
-        hung += await self.supervisor.stop_group("core", deadline=STOP_DEADLINES["core"])
-        for w in self.detector.watched.values():
-            if w.task is not None:
-                w.task.cancel()
-        if self.dispatcher is not None:
-            await self.dispatcher.close(deadline=STOP_DEADLINES["flush"])
-        with contextlib.suppress(Exception):
-            await self.telemetry.close(deadline=STOP_DEADLINES["spans"])
-        with contextlib.suppress(sqlite3.Error, OSError):
-            self.db.close()
-        self.state_lock.release()
-        if self._session is not None:
-            await self._session.close()
-        log.info("daemon.stopped", seconds=round(time.monotonic() - t0, 2), hung=hung)
+        await stop_in_order(
+            notifier=self.notifier,
+            server=self.server,
+            supervisor=self.supervisor,
+            health={n: self.health[n] for n in self.watchers},
+            detector=self.detector,
+            dispatcher=self.dispatcher,
+            telemetry=self.telemetry,
+            db=self.db,
+            lock=self.state_lock,
+            session=self._session,
+        )

@@ -21,7 +21,7 @@ import aiohttp
 from watchd.alerting.dispatch import Dispatcher
 from watchd.coder.client import CoderClient
 from watchd.coder.models import Chat
-from watchd.coder.transport import Transport
+from watchd.coder.transport import USER_AGENT, Transport
 from watchd.config import secrets
 from watchd.config.model import Config
 from watchd.config.secrets import ResolvedSecrets
@@ -80,6 +80,14 @@ def reread_token(ident: IdentityConfig) -> str:
         credential=ident.token_credential,
         what=f"identity {ident.name}",
     )
+
+
+def user_agent(replicas: int, index: int) -> str:
+    """The Coder-facing User-Agent; with replicas it names this one, so Coder's logs
+    (and the simulator's request log) say which replica asked."""
+    if replicas == 1:
+        return USER_AGENT
+    return f"{USER_AGENT} replica/{index}-of-{replicas}"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The span pipeline as the configuration asks for it.
+"""The span pipeline and the event files it follows, as the configuration asks.
 
 The OpenTelemetry SDK (and OTLP/gRPC with protobuf) is imported only when spans
 are exported: a sidecar that exports nothing never pays for importing it.
@@ -10,7 +10,8 @@ import os
 
 from watchd.config.telemetry import TelemetryConfig
 from watchd.kits import logs
-from watchd.telemetry.events import own_source
+from watchd.telemetry.events import EventSink, EventSource, own_source
+from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline
 from watchd.telemetry.spans import SpanConverter
 
@@ -57,3 +58,16 @@ def build_pipeline(t: TelemetryConfig) -> SpanPipeline:
         export=export,
         queue_size=t.ingest_queue,
     )
+
+
+def file_sources(t: TelemetryConfig, sink: EventSink) -> list[FileSource]:
+    """One follower per ``telemetry.sources`` file, feeding the pipeline's sink."""
+    return [
+        FileSource(
+            fs.path,
+            source=EventSource(fs.service, fs.instance, fs.agent),
+            sink=sink,
+            from_start=fs.from_start,
+        )
+        for fs in t.sources
+    ]
