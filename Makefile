@@ -29,8 +29,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict watchd
 
+# Unit tests mostly wait on sockets and timers, so they run in parallel workers
+# (pytest-xdist); e2e and system tests start real processes and time them: one at a time.
+UNIT_WORKERS ?= 4
+
 unit: $(STAMP)
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest -n $(UNIT_WORKERS) tests/unit
 
 system-deps:
 	tests/setup/system-deps
@@ -39,7 +43,8 @@ e2e: $(STAMP) system-deps
 	$(BIN)/pytest tests/e2e
 
 test: lint typecheck system-deps
-	$(BIN)/pytest tests
+	$(BIN)/pytest -n $(UNIT_WORKERS) tests/unit
+	$(BIN)/pytest tests/e2e tests/system
 
 bench: $(STAMP)
 	@# The Node.js peer row (bench/node) needs its `ws` module; skipped (said) without npm.
