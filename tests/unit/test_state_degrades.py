@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from watchd.alerting.model import Alert
+from tests.unit.test_detector import Sink
 from watchd.daemon.statewatch import StateWatch
 from watchd.detection.detector import Detector
 from watchd.store.chats import ChatStore
@@ -17,17 +17,6 @@ from watchd.store.lock import StateInUse, StateLock
 from watchd.store.persistence import StateDB
 from watchd.store.records import ChatRecord
 from watchd.store.rows import NflogEntry
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.alerts: list[Alert] = []
-
-    def put(self, alert: Alert) -> None:
-        self.alerts.append(alert)
-
-    def names(self) -> list[tuple[str, str]]:
-        return [(a.name, a.status) for a in self.alerts]
 
 
 def test_a_second_holder_of_the_state_dir_is_refused_naming_the_first(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from watchd.daemon.sdnotify import SdNotifier, keep_informed
+from watchd.kits.backoff import Backoff
 from watchd.kits.tasks import CRASH_LOOP, TaskRegistry, guard
 
 pytestmark = pytest.mark.looptime
@@ -30,10 +31,17 @@ class Recorder(SdNotifier):
         return [round(t, 6) for t, f in self.sent if key in f]
 
 
-def _expected_delays(seed: int, failures: list[int], base: float, cap: float) -> list[float]:
-    """The guard's backoff for these consecutive-failure counts, with the same RNG."""
-    rng = random.Random(seed)
-    return [min(cap, base * 2 ** max(0, n - 1)) * rng.uniform(0.8, 1.2) for n in failures]
+def _expected_delays(seed: int, steps: list[str], base: float, cap: float) -> list[float]:
+    """The delays the guard's backoff gives for these steps ("next" or "reset"), drawn
+    from the same seeded RNG in the same order."""
+    b = Backoff(base=base, cap=cap, rng=random.Random(seed))
+    out = []
+    for step in steps:
+        if step == "reset":
+            b.reset()
+        else:
+            out.append(b.next())
+    return out
 
 
 async def test_a_crashing_task_restarts_after_exactly_its_backoff() -> None:
@@ -53,7 +61,8 @@ async def test_a_crashing_task_restarts_after_exactly_its_backoff() -> None:
     await asyncio.sleep(100)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    delays = _expected_delays(7, list(range(1, len(starts))), base=2.0, cap=60.0)
+    delays = _expected_delays(7, ["next"] * (len(starts) - 1), base=2.0, cap=60.0)
+    assert delays[:3] == pytest.approx([2.0, 4.0, 8.0], rel=0.2)  # doubling, jittered ±20 %
     expected = [0.0]
     for d in delays:
         expected.append(round(expected[-1] + d, 6))
@@ -91,7 +100,8 @@ async def test_a_healthy_run_resets_the_backoff() -> None:
     state = registry.tasks["resets"]
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    d1, d2, d3 = _expected_delays(3, [1, 2, 1], base=1.0, cap=60.0)
+    d1, d2, d3 = _expected_delays(3, ["next", "next", "reset", "next"], base=1.0, cap=60.0)
+    assert d3 == pytest.approx(1.0, rel=0.2)  # base again, not double the last delay
     assert starts[:4] == pytest.approx([0.0, d1, d1 + d2, d1 + d2 + 60.0 + d3], abs=1e-5)
     assert state.crashes_in_a_row < CRASH_LOOP
 

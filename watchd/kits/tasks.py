@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from watchd.kits.backoff import Backoff
+
 log = structlog.get_logger("watchd.tasks")
 
 CoroFactory = Callable[[], Awaitable[None]]
@@ -70,11 +72,6 @@ class TaskRegistry:
 TASKS = TaskRegistry()
 
 
-def _delay(failures: int, *, base: float, cap: float, rng: random.Random) -> float:
-    raw = min(cap, base * 2 ** max(0, failures - 1))
-    return float(raw * rng.uniform(0.8, 1.2))
-
-
 async def guard(
     name: str,
     factory: CoroFactory,
@@ -94,7 +91,8 @@ async def guard(
     a finite one may simply end. Cancellation always ends the guard."""
     st = registry.state(name, kind or name)
     st.up = True
-    rng = rng or random.Random()
+    # One policy for the crash streak (doubling, reset by a healthy run), kits.backoff's.
+    backoff = Backoff(base=base, cap=cap, rng=rng)
     loop = asyncio.get_running_loop()
     try:
         while True:
@@ -106,6 +104,7 @@ async def guard(
             except Exception as exc:
                 if loop.time() - started >= healthy_after:
                     st.crashes_in_a_row = 0
+                    backoff.reset()
                 st.crashes_in_a_row += 1
                 st.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 log.exception("task.crashed", task=name, crashes_in_a_row=st.crashes_in_a_row)
@@ -114,7 +113,7 @@ async def guard(
                 st.restarts += 1
                 registry.restarts[st.kind] += 1
                 st.up = False
-                await asyncio.sleep(_delay(st.crashes_in_a_row, base=base, cap=cap, rng=rng))
+                await asyncio.sleep(backoff.next())
                 st.up = True
                 continue
             if not eternal:
@@ -123,7 +122,8 @@ async def guard(
             if not restart:
                 return
             st.up = False
-            await asyncio.sleep(_delay(1, base=base, cap=cap, rng=rng))
+            # Not a crash: wait one base delay, and leave the crash streak as it is.
+            await asyncio.sleep(Backoff(base=base, cap=cap, rng=rng).next())
             st.up = True
     finally:
         st.up = False
