@@ -9,6 +9,7 @@ had its first seed attempt (one that failed is reported by IdentityUnhealthy and
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 import time
@@ -23,7 +24,7 @@ from watchd.daemon.status import StatusQuery, status_document
 from watchd.daemon.status_page import status_html
 from watchd.daemon.view import DaemonView, liveness_problems
 from watchd.kits.redaction import REGISTRY
-from watchd.telemetry.ingest import IngestError, parse_batch_off_loop
+from watchd.telemetry.ingest import IngestError, NoRoom, parse_batch_stepwise
 
 
 class Server:
@@ -56,6 +57,10 @@ class Server:
             "too_large": 0,
             "refused_full": 0,
         }
+        # Batches are parsed one at a time (the others wait their turn, already read):
+        # each loop turn then holds one parse step, not one per sender, and /healthz and
+        # the watchers keep their turns during a flood.
+        self._parsing = asyncio.Semaphore(1)
         silences.routes(self.app)
         if os.environ.get("WATCHD_DEBUG_ENDPOINTS") == "1":
             # For testing probes: wedge the event loop on purpose (never on by default).
@@ -147,21 +152,28 @@ class Server:
             counts["too_large"] += 1
             limit = self.daemon.config.server.max_body_bytes
             return web.json_response({"error": f"body larger than {limit} bytes"}, status=413)
+        sink = self.daemon.telemetry.sink
         try:
-            batch = await parse_batch_off_loop(
-                body, content_type=request.content_type, query=request.query
-            )
+            async with self._parsing:
+                batch = await parse_batch_stepwise(
+                    body, content_type=request.content_type, query=request.query, room=sink.room
+                )
         except (IngestError, UnicodeDecodeError) as exc:
             counts["rejected"] += 1
             return web.json_response({"error": str(exc)}, status=400)
-        sink = self.daemon.telemetry.sink
-        if len(batch) > sink.room():
-            counts["refused_full"] += 1
-            sink.dropped += len(batch)
-            return web.json_response(
-                {"error": "event queue full; retry later"}, status=503, headers={"Retry-After": "1"}
-            )
+        except NoRoom as full:
+            return self._full(full.events)
+        if len(batch) > sink.room():  # NDJSON is counted only once parsed
+            return self._full(len(batch))
         for source, event in batch:
             sink.emit(source, event)
         counts["accepted"] += 1
         return web.json_response({"accepted": len(batch)}, status=202)
+
+    def _full(self, events: int) -> web.Response:
+        """503 for a batch the event queue has no room for: counted, and its events too."""
+        self.ingest_counts["refused_full"] += 1
+        self.daemon.telemetry.sink.dropped += events
+        return web.json_response(
+            {"error": "event queue full; retry later"}, status=503, headers={"Retry-After": "1"}
+        )
