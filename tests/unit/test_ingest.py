@@ -175,3 +175,41 @@ async def test_a_full_queue_answers_503_and_counts_the_batch_and_its_events() ->
         assert ok.status == 202
     assert server.ingest_counts["refused_full"] == 1 and server.ingest_counts["accepted"] == 1
     assert sink.dropped == 150 and sink.queue.qsize() == 60
+
+
+async def test_the_wait_for_the_parse_slot_is_bounded_and_counted(monkeypatch: Any) -> None:
+    """With MAX_WAITING_BATCHES batches waiting behind a held parse slot, one more is
+    answered 503 and counted as refused_busy; a cancelled wait gives its place back."""
+    monkeypatch.setattr(server_module, "MAX_WAITING_BATCHES", 2)
+    sink = QueueSink(maxsize=100_000)
+    server = _server(sink)
+    async with TestClient(TestServer(server.app)) as client:
+        body = _envelope(10)
+        headers = {"Content-Type": "application/json"}
+        await server._parsing.acquire()  # a batch being parsed, for as long as we like
+        waiting = [
+            asyncio.create_task(client.post("/v1/transport-events", data=body, headers=headers))
+            for _ in range(2)
+        ]
+        for _ in range(1_000):
+            if server._waiting == 2:
+                break
+            await asyncio.sleep(0.01)
+        busy = await client.post("/v1/transport-events", data=body, headers=headers)
+        assert busy.status == 503 and "wait to be parsed" in (await busy.json())["error"]
+        assert server.ingest_counts["refused_busy"] == 1
+
+        async def wait_turn() -> None:
+            async with server._parse_turn():
+                pass
+
+        gone = asyncio.create_task(wait_turn())
+        await asyncio.sleep(0)
+        assert server._waiting == 3
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert server._waiting == 2
+        server._parsing.release()
+        assert [r.status for r in await asyncio.gather(*waiting)] == [202, 202]
+    assert server._waiting == 0 and sink.accepted == 20

@@ -10,10 +10,11 @@ had its first seed attempt (one that failed is reported by IdentityUnhealthy and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 from aiohttp import web
@@ -25,6 +26,10 @@ from watchd.daemon.status_page import status_html
 from watchd.daemon.view import DaemonView, liveness_problems
 from watchd.kits.redaction import REGISTRY
 from watchd.telemetry.ingest import IngestError, NoRoom, parse_batch_stepwise
+
+# Ingest batches read and waiting for the parse slot at most (each up to max_body_bytes);
+# one more is answered 503 and counted as refused_busy.
+MAX_WAITING_BATCHES = 64
 
 
 class Server:
@@ -56,11 +61,13 @@ class Server:
             "unauthorized": 0,
             "too_large": 0,
             "refused_full": 0,
+            "refused_busy": 0,
         }
         # Batches are parsed one at a time (the others wait their turn, already read):
         # each loop turn then holds one parse step, not one per sender, and /healthz and
-        # the watchers keep their turns during a flood.
+        # the watchers keep their turns during a flood. The wait is bounded too.
         self._parsing = asyncio.Semaphore(1)
+        self._waiting = 0
         silences.routes(self.app)
         if os.environ.get("WATCHD_DEBUG_ENDPOINTS") == "1":
             # For testing probes: wedge the event loop on purpose (never on by default).
@@ -153,8 +160,15 @@ class Server:
             limit = self.daemon.config.server.max_body_bytes
             return web.json_response({"error": f"body larger than {limit} bytes"}, status=413)
         sink = self.daemon.telemetry.sink
+        if self._waiting >= MAX_WAITING_BATCHES:
+            counts["refused_busy"] += 1
+            return web.json_response(
+                {"error": f"{MAX_WAITING_BATCHES} batches already wait to be parsed; retry later"},
+                status=503,
+                headers={"Retry-After": "1"},
+            )
         try:
-            async with self._parsing:
+            async with self._parse_turn():
                 batch = await parse_batch_stepwise(
                     body, content_type=request.content_type, query=request.query, room=sink.room
                 )
@@ -169,6 +183,20 @@ class Server:
             sink.emit(source, event)
         counts["accepted"] += 1
         return web.json_response({"accepted": len(batch)}, status=202)
+
+    @contextlib.asynccontextmanager
+    async def _parse_turn(self) -> AsyncIterator[None]:
+        """Wait for the one parse slot, counted in ``_waiting`` until it is ours (also when
+        the wait is cancelled)."""
+        self._waiting += 1
+        try:
+            await self._parsing.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._parsing.release()
 
     def _full(self, events: int) -> web.Response:
         """503 for a batch the event queue has no room for: counted, and its events too."""
