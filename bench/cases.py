@@ -716,6 +716,45 @@ def spans(turns: int) -> list[Row]:
     ]
 
 
+# /healthz probed every 20 ms from a separate process until its stdin closes, so the
+# probe never competes with the bench's sender threads for the GIL; prints the latencies.
+_HEALTH_PROBE = r"""
+import json, select, sys, time, urllib.request
+out = []
+while not select.select([sys.stdin], [], [], 0)[0]:
+    t = time.monotonic()
+    with urllib.request.urlopen(sys.argv[1], timeout=30) as r:
+        r.read()
+    out.append(time.monotonic() - t)
+    time.sleep(0.02)
+print(json.dumps(out))
+"""
+
+
+class _HealthProbe:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.latencies: list[float] = []
+
+    def __enter__(self) -> _HealthProbe:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _HEALTH_PROBE, self.url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        out, _ = self.proc.communicate(b"stop\n", timeout=60)
+        self.latencies = json.loads(out)
+
+
+def _probe_healthz(url: str, *, seconds: float) -> list[float]:
+    with _HealthProbe(url) as probe:
+        time.sleep(seconds)
+    return probe.latencies
+
+
 def ingest_overload(batches: int) -> list[Row]:
     """Flood the ingest endpoint past a small queue: drops counted, latency, watchers fine."""
     import urllib.error
@@ -745,31 +784,12 @@ def ingest_overload(batches: int) -> list[Row]:
             return code, time.monotonic() - t
 
         health_url = f"http://{d.listen}/healthz"
-        probes: list[float] = []
-        flooding = True
-
-        def probe_health() -> None:
-            # /healthz answered while the flood runs: the loop must stay responsive.
-            while flooding:
-                t = time.monotonic()
-                with urllib.request.urlopen(health_url, timeout=30) as r:
-                    r.read()
-                probes.append(time.monotonic() - t)
-                time.sleep(0.02)
-
-        quiet: list[float] = []
-        for _ in range(50):
-            t = time.monotonic()
-            with urllib.request.urlopen(health_url, timeout=30) as r:
-                r.read()
-            quiet.append(time.monotonic() - t)
-        with ThreadPoolExecutor(17) as pool:
-            prober = pool.submit(probe_health)
+        quiet = _probe_healthz(health_url, seconds=1.5)
+        with _HealthProbe(health_url) as prober, ThreadPoolExecutor(16) as pool:
             t_flood = time.monotonic()
             results = list(pool.map(one, range(batches)))
             flood_wall = time.monotonic() - t_flood
-            flooding = False
-            prober.result()
+        probes = prober.latencies
         doc = d.get("/status?format=json")
         ready = doc["identities"][0]["ready"]
         d.stop()
