@@ -25,11 +25,11 @@ log = logs.get("watchd.telemetry")
 EXPIRE_EVERY = 5.0
 # Events converted per loop turn at most (then the loop runs everything else once), and
 # the time a turn may take: a turn of 500 events took 10-20 ms under an ingest flood,
-# and a /healthz request waits behind every such turn it meets (2 ms measured better
-# than 4 ms for /healthz under the flood, docs/PERFORMANCE.md).
+# and a /healthz request waits behind every such turn it meets (1 ms halved its p50
+# under the flood against 2 ms, and 2 ms beat 4 ms; docs/PERFORMANCE.md).
 BATCH = 500
-SLICE = 0.002
-SLICE_CHECK = 32  # events between looks at the clock
+SLICE = 0.001
+SLICE_CHECK = 16  # events between looks at the clock
 
 
 class SpanPipeline:
