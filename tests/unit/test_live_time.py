@@ -53,6 +53,16 @@ def test_live_never_goes_backwards_on_a_host_clock_step() -> None:
     assert live(stuck(), FIRED_AT - 500).annotations["time_in_status"] == "1m9s"
 
 
+def test_live_sent_within_the_measured_second_is_the_same_alert() -> None:
+    """Sent 0.4 s after it was measured, the texts would not change: the alert itself is
+    sent, not a copy; 0.6 s after, the rounded second moves and a copy says so."""
+    a = stuck()
+    assert live(a, FIRED_AT + 0.4) is a
+    later = live(a, FIRED_AT + 0.6)
+    assert later is not a and later.annotations["time_in_status_seconds"] == "70"
+    assert later.annotations["time_in_status"] == "1m10s"
+
+
 def test_live_leaves_alerts_without_a_clock_alone() -> None:
     """An alert with no time in status (e.g. QuotaLow) is returned unchanged."""
     a = Alert(fingerprint="q", labels={"alertname": "QuotaLow"}, starts_at=FIRED_AT)

@@ -93,10 +93,15 @@ def live(alert: Alert, now: float) -> Alert:
     age = _age_at(alert, now)
     if age is None:
         return alert
+    old, new = alert.annotations.get("time_in_status", ""), format_duration(age)
+    seconds = f"{age:.0f}"
+    if old == new and alert.annotations.get("time_in_status_seconds") == seconds:
+        # Sent within the same second it was measured (a burst's first notification):
+        # nothing to say anew, and no copy of ten thousand alerts to make.
+        return alert
     ann = dict(alert.annotations)
-    old, new = ann.get("time_in_status", ""), format_duration(age)
     ann["time_in_status"] = new
-    ann["time_in_status_seconds"] = f"{age:.0f}"
+    ann["time_in_status_seconds"] = seconds
     if alert.firing and old and old != new and "summary" in ann:
         ann["summary"] = ann["summary"].replace(f"for {old}", f"for {new}", 1)
     return replace(alert, annotations=ann)
