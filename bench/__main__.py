@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import cases, statuspage
+from bench import cases, statuspage, tail
 
 
 def median_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -63,6 +63,7 @@ def main() -> None:
         ("spans", lambda: cases.spans(2_000 if q else 20_000)),
         ("ingest", lambda: cases.ingest_overload(200 if q else 2_000)),
         ("status", lambda: statuspage.status_page(2_000 if q else 20_000)),
+        ("tail", lambda: tail.tail(1_000 if q else 10_000)),
     ]
     only = set(filter(None, args.only.split(",")))
     rows: list[dict[str, Any]] = []

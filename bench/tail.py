@@ -1,0 +1,133 @@
+"""The detection tail in one process, without the network: ``n`` chats past their budget,
+confirmed by one listing, fired, grouped and notified, to split issue 18's "p99 beyond
+the daemon's own listing" into its parts.
+
+The detector, ledger, renderer and dispatcher are the real ones; the Coder side is the
+unit tests' fake confirmer (``tests/unit/test_detector.py``: a listing that applies the
+same chats, facts without workspace reads) and the receiver records the notification,
+whose webhook body is then encoded as the webhook receiver would. Each part is CPU time
+of the loop thread, so a busy machine moves it less than wall time. The baseline is the
+floor of the last part: ``orjson.dumps`` of the same alerts as plain dicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.cases import Row, row
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    for _ in range(60_000):  # polled every 1 ms (a busy poll would count as the tail's CPU)
+        if done():
+            return
+        await asyncio.sleep(0.001)
+    raise TimeoutError("the burst never got there")
+
+
+def tail(n: int) -> list[Row]:
+    return asyncio.run(_tail(n))
+
+
+async def _tail(n: int) -> list[Row]:
+    from tests.unit.test_detector import rig
+    from tests.unit.test_dispatch import Recorder
+    from watchd.alerting import routing
+    from watchd.alerting.dispatch import Dispatcher
+    from watchd.alerting.receivers.simple import dumps, webhook_body
+    from watchd.alerting.silencing import Inhibitor, Silencer
+    from watchd.config.alerting import RouteConfig
+    from watchd.detection.budgets import Budgets
+    from watchd.kits import logs
+    from watchd.store.persistence import StateDB
+
+    logs.configure(level="warning", json=True)  # as the daemon runs: debug lines filtered
+    tmp = Path(tempfile.mkdtemp(prefix="watchd-bench-tail-"))
+    db = StateDB(tmp / "state.sqlite3")
+    recorder = Recorder()
+    route = routing.build(
+        RouteConfig.model_validate({"receiver": "r", "group_wait": "0s", "group_interval": "1s"})
+    )
+    async with rig(Budgets(running=60), db=db) as r:
+        d = Dispatcher(
+            route=route,
+            notifiers={"r": recorder},
+            db=db,
+            silencer=Silencer([]),
+            inhibitor=Inhibitor([]),
+            wall=r.wall,
+        )
+        r.det.ledger.sink = d
+        r.ready()
+        r.health.set_state("seeding")  # no verdicts while the chats are put in
+        for i in range(n):
+            r.see(f"chat-{i:06d}", "running", r.clock.now() - 120, workspace_id=f"ws-{i % 50}")
+        db.flush()
+        gc.collect()
+        confirmer = r.det.watched["a"].confirmer
+        listing = [0.0]
+        relist = confirmer.relist
+
+        async def timed_relist(**kw: Any) -> None:
+            started = time.thread_time()
+            try:
+                await relist(**kw)
+            finally:
+                listing[0] += time.thread_time() - started
+
+        confirmer.relist = timed_relist  # type: ignore[method-assign]
+        t0 = time.thread_time()
+        r.ready()  # seeded: every chat is due; one listing confirms them
+        await _until(lambda: len(d.alerts) >= n)
+        t1 = time.thread_time()
+        await _until(lambda: bool(recorder.sent))
+        t2 = time.thread_time()
+        body = dumps(webhook_body(recorder.sent[0]))
+        t3 = time.thread_time()
+        plain = [a.to_json() for a in recorder.sent[0].alerts]
+        t4 = time.thread_time()
+        orjson.dumps({"alerts": plain})
+        t5 = time.thread_time()
+        w0 = time.thread_time()
+        db.flush()  # what the state writer then does with the burst (a worker thread)
+        written = time.thread_time() - w0
+        await d.close(deadline=0.5)
+    db.close()
+    verdicts = t1 - t0 - listing[0]
+    return [
+        row(
+            f"tail: {n} chats from listed to fired (loop CPU)",
+            verdicts * 1000,
+            "ms",
+            listing[0] * 1000,
+            "the confirmation listing's own apply (fake Coder)",
+        ),
+        row("tail: … per alert", verdicts / n * 1e6, "µs"),
+        row(
+            f"tail: fired → notification handed to the receiver ({n} alerts)",
+            (t2 - t1) * 1000,
+            "ms",
+        ),
+        row(
+            f"tail: webhook body encoded ({len(body) / 1e6:.1f} MB)",
+            (t3 - t2) * 1000,
+            "ms",
+            (t5 - t4) * 1000,
+            "orjson.dumps of the same alerts as plain dicts",
+        ),
+        row(
+            "tail: the three together",
+            (verdicts + t3 - t1) * 1000,
+            "ms",
+            target="issue 18: < 500 ms beyond the listing, POST included",
+        ),
+        row(f"tail: the state write of the burst ({n} chats and alerts)", written * 1000, "ms"),
+    ]
