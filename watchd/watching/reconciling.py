@@ -138,9 +138,9 @@ class Reconciler:
             async with self.gate:
                 began = loop_time()
                 started = clock.now()
-                async for rows in self.client.chat_rows(listing=listing):
+                async for page in self.client.chat_pages(listing=listing):
                     changes = self.store.observe_rows(
-                        self.name, rows, now=clock.now(), present=present
+                        self.name, page, now=clock.now(), present=present
                     )
                     if changes:
                         self.changes.apply(self.name, changes)
