@@ -14,7 +14,7 @@ import dataclasses
 import random
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import (
@@ -29,7 +29,7 @@ from watchd.coder.models import (
     parse_workspace_build,
 )
 from watchd.coder.transport import MAX_BODY, Response, Transport
-from watchd.coder.wire import ListingPage, decode_listing
+from watchd.coder.wire import ListingPage, read_page
 from watchd.kits.backoff import Backoff
 
 PREFIXES = ("/api/v2", "/api/experimental")
@@ -279,7 +279,7 @@ class CoderClient:
                 params=params,
                 max_body=max(MIN_PAGE_BYTES, limit * PAGE_BYTES_PER_ROW),
             )
-            page = _page(resp) if compared else _full_page(resp)
+            page = read_page(resp.body, compared=compared)
             ids = page.ids
             lst.pages += 1
             lst.rows += len(ids)
@@ -376,31 +376,3 @@ class CoderClient:
         return parse_workspace_build(
             (await self._call("GET", f"/api/v2/workspaces/{workspace_id}")).json()
         )
-
-
-def _page(resp: Response) -> ListingPage:
-    """A listing response as a page of compared fields; one msgspec will not read as
-    such (odd types, not an array of objects) is read by the tolerant path instead."""
-    rows = decode_listing(resp.body)
-    if rows is None:
-        return _full_page(resp)
-    ids = [r.id for r in rows]
-    if None in ids or "" in ids:
-        i = next(i for i, cid in enumerate(ids) if not cid)
-        raise PayloadError(f"chats[{i}].id", "missing or not a string")
-    return ListingPage(resp.body, rows=rows, ids=cast("list[str]", ids))
-
-
-def _full_page(resp: Response) -> ListingPage:
-    """A listing response decoded in full (raises PayloadError naming a bad row)."""
-    rows = resp.json()
-    if not isinstance(rows, list):
-        raise PayloadError("chats", f"expected a JSON array, got {type(rows).__name__}")
-    ids: list[str] = []
-    for i, row in enumerate(rows):
-        chat_id = row.get("id") if isinstance(row, dict) else None
-        if not isinstance(chat_id, str) or not chat_id:
-            parse_chat(row, where=f"chats[{i}]")  # raises, naming what is wrong
-            raise PayloadError(f"chats[{i}].id", "missing or not a string")
-        ids.append(chat_id)
-    return ListingPage(resp.body, rows=None, ids=ids, full=rows)

@@ -269,26 +269,17 @@ class ChatStore:
             return self._observe_full(identity, page.full(), now=now, present=present)
         changes: list[Change] = []
         recs = self._by_identity.get(identity) or {}
-        listed = self._listed.get(identity)
-        if listed is None:
-            listed = self._listed[identity] = {}
-        observe = self.observe
-        present.update(page.ids)
+        listed = self._listed.setdefault(identity, {})
         full: list[Any] | None = None
         for i, row in enumerate(compared):
-            cid = row.id
-            rec = recs.get(cid)  # type: ignore[arg-type]  # ids are checked strings
+            rec = recs.get(row.id)  # type: ignore[arg-type]  # ids are checked strings
             if rec is not None and _listed_unchanged(row, rec):
+                present.add(rec.chat_id)
                 listed[rec.chat_id] = now
                 continue
             if full is None:
                 full = page.full()
-            chat = parse_chat(full[i], where=f"chats[{i}]")
-            for c in flatten([chat]) if chat.children else (chat,):
-                present.add(c.id)
-                change = observe(identity, c, now=now, via="listing")
-                if change is not None:
-                    changes.append(change)
+            self._news(identity, full[i], i, now=now, present=present, changes=changes)
         return changes
 
     def _observe_full(
@@ -297,10 +288,7 @@ class ChatStore:
         """:meth:`observe_rows` for rows decoded in full (dicts, or whatever the page held)."""
         changes: list[Change] = []
         recs = self._by_identity.get(identity) or {}
-        listed = self._listed.get(identity)
-        if listed is None:
-            listed = self._listed[identity] = {}
-        observe = self.observe
+        listed = self._listed.setdefault(identity, {})
         for i, row in enumerate(rows):
             cid = row.get("id") if type(row) is dict else None
             rec = recs.get(cid) if type(cid) is str else None
@@ -308,13 +296,27 @@ class ChatStore:
                 present.add(rec.chat_id)
                 listed[rec.chat_id] = now
                 continue
-            chat = parse_chat(row, where=f"chats[{i}]")
-            for c in flatten([chat]) if chat.children else (chat,):
-                present.add(c.id)
-                change = observe(identity, c, now=now, via="listing")
-                if change is not None:
-                    changes.append(change)
+            self._news(identity, row, i, now=now, present=present, changes=changes)
         return changes
+
+    def _news(
+        self,
+        identity: str,
+        row: Any,
+        i: int,
+        *,
+        now: float,
+        present: set[str],
+        changes: list[Change],
+    ) -> None:
+        """A listing row that may say something new: parsed (raises PayloadError naming
+        it), then observed with its children."""
+        chat = parse_chat(row, where=f"chats[{i}]")
+        for c in flatten([chat]) if chat.children else (chat,):
+            present.add(c.id)
+            change = self.observe(identity, c, now=now, via="listing")
+            if change is not None:
+                changes.append(change)
 
     def finish_listing(self, identity: str, present: set[str], *, started: float) -> dict[str, int]:
         """A *complete* listing ended: every known chat it lacked becomes (or stays)
