@@ -228,10 +228,12 @@ class CoderClient:
         archived: bool = False,
         labels: dict[str, str] | None = None,
         listing: Listing | None = None,
+        compared: bool = True,
     ) -> AsyncIterator[ListingPage]:
         """The listing one page at a time, each row decoded only as far as telling
         whether it is news needs (:class:`ListingPage`): a caller that already knows
-        most rows need not decode them in full.
+        most rows need not decode them in full (one that knows none, e.g. seeding an
+        empty store, passes ``compared=False`` and has every page decoded in full).
 
         Keyset pagination with ``after_id``; rows bumped mid-sweep can repeat and are
         yielded again (the later copy is the newer one). ``listing`` (if given) is told
@@ -242,7 +244,7 @@ class CoderClient:
         it lacks.
         """
         async for page in self._pages(
-            archived=archived, labels=labels, listing=listing, compared=True
+            archived=archived, labels=labels, listing=listing, compared=compared
         ):
             yield page
 

@@ -138,7 +138,10 @@ class Reconciler:
             async with self.gate:
                 began = loop_time()
                 started = clock.now()
-                async for page in self.client.chat_pages(listing=listing):
+                # Seeding a store that holds nothing of this identity, every row is news:
+                # decoding the compared fields first would only add to the full decode.
+                compared = self.name in self.store.identities()
+                async for page in self.client.chat_pages(listing=listing, compared=compared):
                     changes = self.store.observe_rows(
                         self.name, page, now=clock.now(), present=present
                     )
