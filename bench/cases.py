@@ -372,8 +372,8 @@ def identities(many: int, idle_window: float) -> list[Row]:
 
 def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
     """The daemon-side work of one full reconcile pass: the watcher's own ``relist()``
-    (decode, parse, diff, detector) over canned pages of ``page`` rows, so the server
-    costs nothing."""
+    (decode the compared fields, diff, parse only the news, detector) over canned pages
+    of ``page`` rows, so the server costs nothing."""
     import orjson
 
     from watchd.coder.client import CoderClient
@@ -457,7 +457,7 @@ def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
             ours / chats * 1e6,
             "µs",
             bare / chats * 1e6,
-            "orjson.loads of the same pages (the daemon's decoder)",
+            "orjson.loads of the same pages (a bare decode to dicts, as watchd did before)",
             "≤ 10 µs",
         )
     ]

@@ -293,3 +293,52 @@ async def test_token_only_in_header_never_in_events(
         await client.get_chat(chats[0].id)
     assert alice.token not in str(err.value)
     assert events.events and all(alice.token not in repr(e) for _, e in events.events)
+
+
+async def test_listing_pages_carry_compared_fields_only(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """chat_pages pages exactly as chat_rows does, with each row's compared fields decoded
+    and nothing decoded in full until asked."""
+    alice = sim.state.add_user("alice")
+    roots = [sim.state.add_chat(alice, title=f"r{i}", status="waiting", age=i) for i in range(7)]
+    sim.state.add_chat(alice, title="child", status="running", parent=roots[2])
+    client = client_for(sim, alice, session, page_size=3)
+    pages = [p async for p in client.chat_pages()]
+    rows = [r async for r in client.chat_rows()]
+    assert [p.ids for p in pages] == [[r["id"] for r in page] for page in rows]
+    assert all(p.rows is not None and p._full is None for p in pages)
+    assert [p.full() for p in pages] == rows
+    assert any(r.children for p in pages for r in p.rows or ())
+
+
+async def test_a_listing_row_without_an_id_is_named(session: aiohttp.ClientSession) -> None:
+    """A row with an empty or missing id fails the page with a PayloadError naming the
+    row, whichever path reads it."""
+    from aiohttp import web
+
+    bodies = [
+        b'[{"id":"c1","status":"running"},{"id":"","status":"running"}]',
+        b'[{"id":"c1","status":"running"},{"status":"running","title":5}]',
+    ]
+
+    async def chats(request: web.Request) -> web.Response:
+        return web.Response(body=bodies[int(request.query["label"].removeprefix("n:"))])
+
+    app = web.Application()
+    app.router.add_get("/api/v2/chats", chats)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        t = Transport(base_url=f"http://127.0.0.1:{port}", token="x" * 20, session=session)
+        for n in range(len(bodies)):
+            client = CoderClient(t, prefix="/api/v2")
+            client.page_size = 10
+            with pytest.raises(PayloadError, match=r"chats\[1\]\.id"):
+                async for _ in client.chat_pages(labels={"n": str(n)}):
+                    pass
+    finally:
+        await runner.cleanup()

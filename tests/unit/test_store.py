@@ -8,10 +8,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from watchd.coder.errors import PayloadError
 from watchd.coder.models import Chat, ChatId, flatten, parse_chat
+from watchd.coder.wire import read_page
 from watchd.store.chats import ChatStore
 from watchd.store.persistence import StateDB
 from watchd.store.records import ChatRecord
@@ -165,6 +167,125 @@ def test_listing_rows_fast_path_agrees_with_parse_and_observe(row: dict[str, obj
             want.append(change)
     assert [(c.kind, c.record) for c in got] == [(c.kind, c.record) for c in want]
     assert list(fast.records()) == list(slow.records())
+
+
+def _seeded() -> ChatStore:
+    """A store holding c1..c3 (running, title "t"), k1 (a child of c3), q1 (queued)."""
+    s = ChatStore()
+    for cid in ("c1", "c2", "c3"):
+        s.observe("a", parse_chat(_row(cid)), now=T + 100.0, via="listing")
+    s.observe("a", parse_chat(_row("k1", parent_chat_id="c3")), now=T + 100.0, via="listing")
+    s.observe("a", parse_chat(_row("q1", queued_for_capacity=True)), now=T + 100.0, via="listing")
+    return s
+
+
+def _body(*rows: object) -> bytes:
+    return orjson.dumps(list(rows))
+
+
+# Listing pages (raw bodies) the compared-fields path must apply exactly as the tolerant
+# path does: ordinary, odd, hostile. Rows around a variant are unchanged.
+PAGES: list[bytes] = [
+    _body(_row("c1"), _row("c2"), _row("c3")),
+    *(_body(_row("c2"), variant, _row("c3")) for variant in ROW_VARIANTS),
+    _body(_row("c1", title=5)),
+    _body(_row("c1", status=3)),
+    _body(_row("c1", status=None)),
+    _body(_row("c1", updated=12)),
+    _body(_row("c1", updated=None)),
+    _body(_row("c1", updated="")),
+    _body(_row("c1", updated="yesterday")),
+    _body(_row("c1", updated="2026-11-29T10:00:00.000000000Z")),  # nanoseconds, same instant
+    _body(_row("c1", updated="2026-11-29T10:00:00.000000999Z")),  # finer than microseconds
+    _body(_row("c1", updated="2026-11-29T12:00:00+02:00")),  # the same instant at an offset
+    _body(_row("c1", updated="2026-11-29T10:00:00.5-00:30")),
+    _body(_row("c1", archived=False), _row("c2", archived=None), _row("c3", archived="yes")),
+    _body(_row("c1", queued_for_capacity=None), _row("q1", queued_for_capacity=False)),
+    _body(_row("q1"), _row("q1", queued_for_capacity=True)),
+    _body(_row("c1", children=[]), _row("c2", children=None), _row("c3", children={})),
+    _body(_row("c3", children=[_row("k1", parent_chat_id="c3")])),
+    _body(_row("c3", children=[_row("k1", status="waiting", updated="2026-11-29T10:01:00Z")])),
+    _body(_row("c3", children=[None])),
+    _body(_row("c3", children="k1")),
+    _body(_row("k1"), _row("c3", children=[_row("k1", status="error")])),  # child listed twice
+    _body(_row("c1", status="waiting"), _row("c1")),  # a row repeated within a page
+    _body(_row("c1", title="t" * 5000), _row("c2", title="")),
+    _body(_row("c1", title=None, status=None, updated=None, archived=None)),
+    _body({"id": "c1"}),
+    _body({"id": "c1", "status": "running"}),
+    _body(_row("c1"), {"status": "running"}),
+    _body(_row("c1"), _row("")),
+    _body(_row("c1"), {**_row("c2"), "id": 7}),
+    _body(_row("c1"), None),
+    _body(_row("c1"), ["c2"]),
+    _body(_row("c1"), _row("c2", updated="yesterday")),
+    _body(_row("c1", labels=5, last_error=[1], mode=3, context="x", warnings={})),
+    _body(_row("n1"), _row("n2", status="error", last_error={"message": "m"})),
+    b'[{"id":"c1","status":"running","updated_at":"2026-11-29T10:00:00Z","title":"t",'
+    b'"title":"renamed"}]',  # a repeated key: the last one counts, on either path
+    b'[{"id":"c1","status":"running","updated_at":"2026-11-29T10:00:00Z","x":"\xff"}]',
+    b'[{"id":"c1","status":"running","updated_at":"2026-11-29T10:00:00Z","x":"\\u00e9"}]',
+    b'[{"id":"c1","status":"running","updated_at":"2026-11-29T10:00:00Z","x":"\\ud800"}]',
+    b'[{"id":"c1","status":"running","updated_at":"2026-11-29T10:00:00Z","x":"\xc3\xa9"}]',
+    b'[{"id":"c1","status":"running","updated_at":"2026-11-29T10:00:00Z","x":NaN}]',
+    b'[{"id":"c1","status":"running","x":' + b"[" * 2000 + b"]" * 2000 + b"}]",
+    b"[]",
+    b"",
+    b"null",
+    b"{}",
+    b'{"chats": []}',
+    b"<html>login</html>",
+    b'[{"id":"c1"}] trailing',
+    b"[" + b",".join([_body(_row(f"c{i % 3 + 1}"))[1:-1] for i in range(600)]) + b"]",
+]
+
+
+def _apply(s: ChatStore, body: bytes, *, compared: bool) -> tuple[object, ...]:
+    """Everything observable about applying one page: the changes (or the error), what
+    the listing read, and the store afterwards, including what a later listing infers."""
+    present: set[str] = set()
+    try:
+        changes: object = [
+            (c.kind, c.record, c.previous, c.reason)
+            for c in s.observe_rows(
+                "a", read_page(body, compared=compared), now=T + 200.0, present=present
+            )
+        ]
+    except PayloadError as exc:
+        changes = ("error", str(exc))
+    return (
+        changes,
+        present,
+        list(s.records()),
+        (s.stale_ignored, s.synthesized, s.overflow, s.future_clamped, s.before_created),
+        s.finish_listing("a", present, started=T + 150.0),
+        s.finish_listing("a", set(), started=T + 199.0),
+        s.finish_listing("a", set(), started=T + 201.0),
+        len(s),
+    )
+
+
+@pytest.mark.parametrize("body", PAGES, ids=[str(i) for i in range(len(PAGES))])
+def test_compared_fields_path_agrees_with_the_tolerant_path(body: bytes) -> None:
+    """A listing page changes the store (records, changes, errors naming the row, what
+    the listing read, later absence) exactly as decoding it in full and parsing it does."""
+    assert _apply(_seeded(), body, compared=True) == _apply(_seeded(), body, compared=False)
+
+
+def test_coderd_pages_take_the_compared_fields_path() -> None:
+    """Well-typed pages (children, nulls, offsets) are read without the full decode, and
+    a page of unchanged rows is never decoded in full."""
+    for body in (
+        PAGES[0],
+        _body(_row("c3", children=[_row("k1", parent_chat_id="c3")]), _row("c1", children=[])),
+        _body(_row("c1", title=None, status=None, updated=None, archived=None)),
+        _body(_row("c1", updated="2026-11-29T12:00:00.000000001+02:00")),
+        PAGES[-1],
+    ):
+        assert read_page(body).rows is not None
+    page = read_page(PAGES[0])
+    assert _seeded().observe_rows("a", page, now=T + 200.0, present=set()) == []
+    assert page._full is None
 
 
 def test_unchanged_listing_row_is_seen_without_parsing() -> None:

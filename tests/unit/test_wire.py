@@ -16,7 +16,14 @@ from watchd.coder.models import (
     parse_chat,
     parse_watch_frame,
 )
-from watchd.coder.wire import decode_frame, decode_page, read_frame, to_chat
+from watchd.coder.wire import (
+    decode_frame,
+    decode_listing,
+    decode_page,
+    read_frame,
+    read_page,
+    to_chat,
+)
 
 CHAT: dict[str, Any] = {
     "id": "0b7c0000-0000-4000-8000-000000000001",
@@ -226,3 +233,43 @@ def test_ignored_fields_are_not_validated_by_the_fast_path() -> None:
         parse_watch_frame(frame)
     event = read_frame(frame)
     assert event is not None and event.chat.id == "c1"
+
+
+@pytest.mark.parametrize("chat", CHATS, ids=[str(i) for i in range(len(CHATS))])
+def test_listed_rows_compare_what_parse_chat_reads(chat: dict[str, Any]) -> None:
+    """A listing row decoded as ListedRow holds the values parse_chat reads for the
+    compared fields, or the page is handed to the tolerant path (rows None)."""
+    rows = decode_listing(orjson.dumps([chat]))
+    try:
+        slow = parse_chat(chat)
+    except PayloadError:
+        return  # the store parses any row that does not match its record: this raises
+    if rows is None:
+        return
+    row = rows[0]
+    assert (row.id, row.status, row.archived is True) == (slow.id, slow.status, slow.archived)
+    assert (row.title or "")[:200] == slow.title
+    assert row.queued_for_capacity == slow.queued_for_capacity
+    assert bool(row.children) == bool(slow.children)
+
+
+def test_an_ignored_field_does_not_fail_a_listing_page_of_unchanged_rows() -> None:
+    """The documented difference, on listing pages: a number out of range inside a field
+    watchd never reads leaves the compared fields readable; the full decode (asked for
+    only when a row is news) still refuses the page, as before."""
+    page = read_page(b'[{"id":"c1","status":"running","n":1e400}]')
+    assert page.rows is not None and page.ids == ["c1"]
+    with pytest.raises(PayloadError, match="expected a JSON array"):
+        page.full()
+    with pytest.raises(PayloadError, match="expected a JSON array"):
+        read_page(b'[{"id":"c1","status":"running","n":1e400}]', compared=False)
+
+
+def test_a_listing_page_with_invalid_utf8_is_read_by_the_tolerant_path() -> None:
+    """Bytes that are not UTF-8, even in a skipped field, hand the page to the tolerant
+    path (which refuses it) rather than pass unnoticed."""
+    body = b'[{"id":"c1","status":"running","n":"\xff"}]'
+    assert decode_listing(body) is None
+    assert decode_listing('[{"id":"c1","title":"caf\u00e9"}]'.encode()) is not None
+    with pytest.raises(PayloadError, match="expected a JSON array"):
+        read_page(body)

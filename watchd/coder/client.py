@@ -29,6 +29,7 @@ from watchd.coder.models import (
     parse_workspace_build,
 )
 from watchd.coder.transport import MAX_BODY, Response, Transport
+from watchd.coder.wire import ListingPage, read_page
 from watchd.kits.backoff import Backoff
 
 PREFIXES = ("/api/v2", "/api/experimental")
@@ -213,9 +214,26 @@ class CoderClient:
         archived: bool = False,
         labels: dict[str, str] | None = None,
         listing: Listing | None = None,
-    ) -> AsyncIterator[list[dict[str, Any]]]:
+    ) -> AsyncIterator[list[Any]]:
         """The listing one page at a time, as decoded rows (parse them with
-        :func:`parse_chat`): a caller that already knows most rows need not parse them.
+        :func:`parse_chat`); paged as :meth:`chat_pages` pages."""
+        async for page in self._pages(
+            archived=archived, labels=labels, listing=listing, compared=False
+        ):
+            yield page.full()
+
+    async def chat_pages(
+        self,
+        *,
+        archived: bool = False,
+        labels: dict[str, str] | None = None,
+        listing: Listing | None = None,
+        compared: bool = True,
+    ) -> AsyncIterator[ListingPage]:
+        """The listing one page at a time, each row decoded only as far as telling
+        whether it is news needs (:class:`ListingPage`): a caller that already knows
+        most rows need not decode them in full (one that knows none, e.g. seeding an
+        empty store, passes ``compared=False`` and has every page decoded in full).
 
         Keyset pagination with ``after_id``; rows bumped mid-sweep can repeat and are
         yielded again (the later copy is the newer one). ``listing`` (if given) is told
@@ -225,6 +243,19 @@ class CoderClient:
         a sweep past MAX_PAGES ends it *incomplete*: nothing may be inferred from what
         it lacks.
         """
+        async for page in self._pages(
+            archived=archived, labels=labels, listing=listing, compared=compared
+        ):
+            yield page
+
+    async def _pages(
+        self,
+        *,
+        archived: bool,
+        labels: dict[str, str] | None,
+        listing: Listing | None,
+        compared: bool,
+    ) -> AsyncIterator[ListingPage]:
         lst = listing if listing is not None else Listing()
         limit = self.page_size
         base: list[tuple[str, str]] = [("limit", str(limit))]
@@ -250,31 +281,23 @@ class CoderClient:
                 params=params,
                 max_body=max(MIN_PAGE_BYTES, limit * PAGE_BYTES_PER_ROW),
             )
-            rows = resp.json()
-            if not isinstance(rows, list):
-                raise PayloadError("chats", f"expected a JSON array, got {type(rows).__name__}")
+            page = read_page(resp.body, compared=compared)
+            ids = page.ids
             lst.pages += 1
-            lst.rows += len(rows)
-            fresh = 0
-            ids: list[str] = []
-            for i, row in enumerate(rows):
-                chat_id = row.get("id") if isinstance(row, dict) else None
-                if not isinstance(chat_id, str) or not chat_id:
-                    parse_chat(row, where=f"chats[{i}]")  # raises, naming what is wrong
-                    raise PayloadError(f"chats[{i}].id", "missing or not a string")
-                if chat_id not in seen:
-                    fresh += 1
-                    seen.add(chat_id)
-                ids.append(chat_id)
-            if rows:
-                yield rows
-            if not rows and previous and walked < min(CURSOR_WALKBACK, len(previous) - 1):
+            lst.rows += len(ids)
+            # Distinct ids this listing had not read yet (a repeat within a page counts once).
+            known = len(seen)
+            seen.update(ids)
+            fresh = len(seen) - known
+            if ids:
+                yield page
+            if not ids and previous and walked < min(CURSOR_WALKBACK, len(previous) - 1):
                 # Empty after a full page: step the cursor back one row and ask again.
                 walked += 1
                 after = previous[-1 - walked]
                 continue
-            if len(rows) < limit:
-                if rows and fresh == 0 and walked == 0 and after is not None:
+            if len(ids) < limit:
+                if ids and fresh == 0 and walked == 0 and after is not None:
                     lst.incomplete = "a short page held only rows already seen"
                     break
                 lst.complete = True

@@ -1,5 +1,7 @@
 """The fast decoder for watch frames and listing pages: JSON straight into the fields
 the store needs (msgspec structs, untracked by the garbage collector), no dict per row.
+A listing page is decoded first into the few fields that say whether a row is news
+(:class:`ListedRow`); only a page with news is decoded in full, by the tolerant reader.
 
 It only ever *accepts* what the tolerant readers in :mod:`watchd.coder.models` would
 read the same way, and it never rejects anything itself: a payload that does not fit
@@ -12,13 +14,18 @@ One difference is deliberate: fields watchd never reads are skipped without
 validating them, so a number out of double range or nesting deeper than orjson's
 1 024 levels *inside an ignored field* no longer fails the frame. coderd's encoder
 cannot produce either (Go's ``encoding/json`` refuses ±Inf; its structs nest a few
-levels).
+levels). The same holds for a listing page whose rows are all unchanged (the full
+decode, which would refuse it, is never asked for).
 """
 
 from __future__ import annotations
 
-import msgspec
+from typing import Any, cast
 
+import msgspec
+import orjson
+
+from watchd.coder.errors import PayloadError
 from watchd.coder.models import (
     _KINDS,
     TITLE_MAX,
@@ -27,6 +34,7 @@ from watchd.coder.models import (
     ChatId,
     ToolCall,
     WatchEvent,
+    parse_chat,
     parse_watch_frame,
     timestamp,
 )
@@ -196,3 +204,101 @@ def read_frame(data: str | bytes) -> WatchEvent | None:
     ServerFrameError exactly as :func:`watchd.coder.models.parse_watch_frame` does)."""
     event = decode_frame(data)
     return event if event is not None else parse_watch_frame(data)
+
+
+# -- listing pages: the fields that say whether a row is news --------------------------
+
+
+class ListedRow(msgspec.Struct, gc=False):
+    """What the store compares to decide that a listing row says nothing new about a chat
+    it holds (``watchd.store.chats``): the rest of the row is skipped, not built."""
+
+    id: str | None = None
+    status: str | None = None
+    updated_at: str | None = None
+    title: str | None = None
+    archived: bool | None = None
+    queued_for_capacity: bool | None = None
+    # Only whether there are any: a row with children is always read in full.
+    children: list[msgspec.Raw] | None = None
+
+
+_listing_decoder = msgspec.json.Decoder(list[ListedRow])
+
+
+class ListingPage:
+    """One page of a listing: its ``ids`` (checked: non-empty strings), the compared
+    fields of each row (``rows``, or None when only the tolerant reader can judge the
+    page), and the rows in full, decoded from ``body`` only if someone asks."""
+
+    __slots__ = ("_full", "body", "ids", "rows")
+
+    def __init__(
+        self,
+        body: bytes,
+        *,
+        rows: list[ListedRow] | None,
+        ids: list[str],
+        full: list[Any] | None = None,
+    ) -> None:
+        self.body = body
+        self.rows = rows
+        self.ids = ids
+        self._full = full
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def full(self) -> list[Any]:
+        """The rows as the tolerant reader takes them (decoded dicts, for ``parse_chat``)."""
+        if self._full is None:
+            # As Response.json() has it: no body is None, a body not JSON is its text.
+            decoded: Any = None
+            if self.body:
+                try:
+                    decoded = orjson.loads(self.body)
+                except ValueError:
+                    decoded = self.body.decode("utf-8", "replace")
+            if not isinstance(decoded, list):
+                raise PayloadError("chats", f"expected a JSON array, got {type(decoded).__name__}")
+            self._full = decoded
+        return self._full
+
+
+def decode_listing(body: bytes) -> list[ListedRow] | None:
+    """A listing page's compared fields, or None when only the tolerant reader can judge
+    the page (not an array of objects, a compared field of another type, malformed)."""
+    if not body.isascii():
+        # msgspec skips an ignored string without checking its UTF-8; orjson refuses the
+        # whole body. Checking here keeps the two paths agreeing on every byte string.
+        try:
+            body.decode()
+        except UnicodeDecodeError:
+            return None
+    try:
+        return _listing_decoder.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+def read_page(body: bytes, *, compared: bool = True) -> ListingPage:
+    """A listing response body as a page; raises PayloadError naming a bad row (or the
+    listing, when the body is not an array). With ``compared`` the rows are decoded as
+    :class:`ListedRow` where msgspec can, else (and without it) in full."""
+    rows = decode_listing(body) if compared else None
+    if rows is not None:
+        ids = [r.id for r in rows]
+        if None in ids or "" in ids:
+            i = next(i for i, cid in enumerate(ids) if not cid)
+            raise PayloadError(f"chats[{i}].id", "missing or not a string")
+        return ListingPage(body, rows=rows, ids=cast("list[str]", ids))
+    page = ListingPage(body, rows=None, ids=[])
+    checked: list[str] = []
+    for i, row in enumerate(page.full()):
+        chat_id = row.get("id") if isinstance(row, dict) else None
+        if not isinstance(chat_id, str) or not chat_id:
+            parse_chat(row, where=f"chats[{i}]")  # raises, naming what is wrong
+            raise PayloadError(f"chats[{i}].id", "missing or not a string")
+        checked.append(chat_id)
+    page.ids = checked
+    return page

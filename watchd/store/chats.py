@@ -30,6 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from watchd.coder.models import TITLE_MAX, Chat, WatchEvent, flatten, parse_chat, timestamp
+from watchd.coder.wire import ListedRow, ListingPage
 from watchd.store.records import (
     CLOCK_LOWER_BOUND,
     CLOCK_SYNTHESIZED,
@@ -49,8 +50,11 @@ class ChatStore:
         self.capacity = capacity
         self._by_identity: dict[str, dict[str, ChatRecord]] = {}
         self._count = 0
-        # Later sightings of unchanged chats (records are only replaced on change).
+        # Later sightings of unchanged chats (records are only replaced on change): by a
+        # watch event or a confirmation, and (per identity, no key tuple per row) by a
+        # listing.
         self._seen: dict[tuple[str, str], float] = {}
+        self._listed: dict[str, dict[str, float]] = {}
         # identity -> chat id -> consecutive complete listings that lacked it.
         self._absent: dict[str, dict[str, int]] = {}
         self.overflow = 0
@@ -91,6 +95,7 @@ class ChatStore:
 
     def drop_identity(self, identity: str) -> list[ChatRecord]:
         self._absent.pop(identity, None)
+        self._listed.pop(identity, None)
         dropped = list(self._by_identity.pop(identity, {}).values())
         self._count -= len(dropped)
         for rec in dropped:
@@ -246,32 +251,72 @@ class ChatStore:
         return changes
 
     def observe_rows(
-        self, identity: str, rows: list[Any], *, now: float, present: set[str]
+        self, identity: str, rows: ListingPage | list[Any], *, now: float, present: set[str]
     ) -> list[Change]:
-        """One page of a listing as decoded rows (raises PayloadError naming a bad row).
+        """One page of a listing (raises PayloadError naming a bad row): a
+        :class:`ListingPage`, or rows decoded in full.
 
         A row that says nothing new about a chat we hold (the same status, updated_at,
         title and capacity flag: what :meth:`observe` would ignore) is only noted as
-        seen, without being parsed. That is most rows of most reconciles.
+        seen, without being parsed. That is most rows of most reconciles; a page whose
+        compared fields were decoded alone is decoded in full only if a row is news.
         """
+        if not isinstance(rows, ListingPage):
+            return self._observe_full(identity, rows, now=now, present=present)
+        page = rows
+        compared = page.rows
+        if compared is None:
+            return self._observe_full(identity, page.full(), now=now, present=present)
         changes: list[Change] = []
         recs = self._by_identity.get(identity) or {}
-        seen = self._seen
-        observe = self.observe
+        listed = self._listed.setdefault(identity, {})
+        full: list[Any] | None = None
+        for i, row in enumerate(compared):
+            rec = recs.get(row.id)  # type: ignore[arg-type]  # ids are checked strings
+            if rec is not None and _listed_unchanged(row, rec):
+                present.add(rec.chat_id)
+                listed[rec.chat_id] = now
+                continue
+            if full is None:
+                full = page.full()
+            self._news(identity, full[i], i, now=now, present=present, changes=changes)
+        return changes
+
+    def _observe_full(
+        self, identity: str, rows: list[Any], *, now: float, present: set[str]
+    ) -> list[Change]:
+        """:meth:`observe_rows` for rows decoded in full (dicts, or whatever the page held)."""
+        changes: list[Change] = []
+        recs = self._by_identity.get(identity) or {}
+        listed = self._listed.setdefault(identity, {})
         for i, row in enumerate(rows):
             cid = row.get("id") if type(row) is dict else None
             rec = recs.get(cid) if type(cid) is str else None
             if rec is not None and _unchanged(row, rec):
                 present.add(rec.chat_id)
-                seen[(identity, rec.chat_id)] = now
+                listed[rec.chat_id] = now
                 continue
-            chat = parse_chat(row, where=f"chats[{i}]")
-            for c in flatten([chat]) if chat.children else (chat,):
-                present.add(c.id)
-                change = observe(identity, c, now=now, via="listing")
-                if change is not None:
-                    changes.append(change)
+            self._news(identity, row, i, now=now, present=present, changes=changes)
         return changes
+
+    def _news(
+        self,
+        identity: str,
+        row: Any,
+        i: int,
+        *,
+        now: float,
+        present: set[str],
+        changes: list[Change],
+    ) -> None:
+        """A listing row that may say something new: parsed (raises PayloadError naming
+        it), then observed with its children."""
+        chat = parse_chat(row, where=f"chats[{i}]")
+        for c in flatten([chat]) if chat.children else (chat,):
+            present.add(c.id)
+            change = self.observe(identity, c, now=now, via="listing")
+            if change is not None:
+                changes.append(change)
 
     def finish_listing(self, identity: str, present: set[str], *, started: float) -> dict[str, int]:
         """A *complete* listing ended: every known chat it lacked becomes (or stays)
@@ -283,16 +328,23 @@ class ChatStore:
         """
         recs = self._by_identity.get(identity, {})
         seen = self._seen
+        listed = self._listed.get(identity, {})
         before = self._absent.get(identity, {})
         absent = {
             cid: before.get(cid, 0) + 1
             for cid, r in recs.items()
-            if cid not in present and max(seen.get((identity, cid), 0.0), r.seen_at) < started
+            if cid not in present
+            and max(seen.get((identity, cid), 0.0), listed.get(cid, 0.0), r.seen_at) < started
         }
         if absent:
             self._absent[identity] = absent
         else:
             self._absent.pop(identity, None)
+        if len(listed) > len(recs):
+            # Sightings of chats since tombstoned: harmless (a record built later has a
+            # later seen_at), but not kept forever.
+            for cid in listed.keys() - recs.keys():
+                del listed[cid]
         return dict(absent)
 
 
@@ -316,4 +368,24 @@ def _unchanged(row: dict[str, Any], rec: ChatRecord) -> bool:
     if title and (type(title) is not str or title[:TITLE_MAX] != rec.title):
         return False
     queued = row.get("queued_for_capacity")
+    return queued is None or queued is rec.queued_for_capacity
+
+
+def _listed_unchanged(row: ListedRow, rec: ChatRecord) -> bool:
+    """:func:`_unchanged` for a row decoded as :class:`ListedRow` (its fields are of the
+    types coderd sends; a page with any other was decoded in full instead)."""
+    if row.status != rec.status or row.archived or row.children:
+        return False
+    ts = row.updated_at
+    if not ts or rec.updated_at is None:
+        return False
+    try:
+        if timestamp(ts) != rec.updated_at:
+            return False
+    except ValueError:
+        return False  # the parser will say what is wrong with it
+    title = row.title
+    if title and title[:TITLE_MAX] != rec.title:
+        return False
+    queued = row.queued_for_capacity
     return queued is None or queued is rec.queued_for_capacity

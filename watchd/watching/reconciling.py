@@ -138,9 +138,12 @@ class Reconciler:
             async with self.gate:
                 began = loop_time()
                 started = clock.now()
-                async for rows in self.client.chat_rows(listing=listing):
+                # Seeding a store that holds nothing of this identity, every row is news:
+                # decoding the compared fields first would only add to the full decode.
+                compared = self.name in self.store.identities()
+                async for page in self.client.chat_pages(listing=listing, compared=compared):
                     changes = self.store.observe_rows(
-                        self.name, rows, now=clock.now(), present=present
+                        self.name, page, now=clock.now(), present=present
                     )
                     if changes:
                         self.changes.apply(self.name, changes)
