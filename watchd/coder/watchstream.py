@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from watchd.coder.errors import CoderError
-from watchd.coder.models import MalformedFrame, ServerFrameError, WatchEvent
+from watchd.coder.models import MalformedFrame, ServerFrameError
 from watchd.coder.transport import Transport
-from watchd.coder.wire import read_frame
+from watchd.coder.wire import Event, read_event
 
 # Coder pings every 15 s and gives up after 15 s without a pong; our own
 # ping on a 20 s cadence notices a dead TCP path within ~30 s.
@@ -49,7 +49,7 @@ class WatchConnection:
     malformed: int = 0
     _closed: bool = field(default=False)
 
-    async def pump(self, on_events: Callable[[list[WatchEvent]], None]) -> None:
+    async def pump(self, on_events: Callable[[list[Event]], None]) -> None:
         """Decode frames and hand them to ``on_events`` a burst at a time until the
         connection ends (raises StreamClosed / ResyncNeeded, or whatever ``on_events``
         raises).
@@ -68,7 +68,7 @@ class WatchConnection:
         queue = getattr(self.ws, "_reader", None)
         text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
         ping = aiohttp.WSMsgType.PING
-        burst: list[WatchEvent] = []
+        burst: list[Event] = []
         try:
             while True:
                 try:
@@ -78,7 +78,7 @@ class WatchConnection:
                 kind = msg.type
                 if kind is text or kind is binary:
                     try:
-                        event = read_frame(msg.data)
+                        event = read_event(msg.data)
                     except MalformedFrame as exc:
                         self.malformed += 1
                         self.transport.emit_ws(

@@ -95,6 +95,10 @@ def decode_frame(data: str | bytes) -> WatchEvent | None:
         w = _event_decoder.decode(data)
     except (msgspec.DecodeError, RecursionError):
         return None
+    return _to_event(w)
+
+
+def _to_event(w: WireEvent) -> WatchEvent | None:
     kind = w.kind
     wchat = w.chat
     if not kind or wchat is None:
@@ -145,20 +149,6 @@ def to_chat(w: WireChat) -> Chat | None:
         children = tuple(kids)
     labels = w.labels
     err = w.last_error
-    last_error: ChatError | None = None
-    if err is not None and err != "":
-        if type(err) is str:
-            last_error = ChatError(message=err[:500])
-        else:
-            assert isinstance(err, WireError)
-            last_error = ChatError(
-                message=(err.message or "")[:500],
-                detail=(err.detail or "")[:500],
-                kind=err.kind or "generic",
-                provider=err.provider or "",
-                retryable=err.retryable is True,
-                status_code=err.status_code,
-            )
     mode = w.mode
     client_type = w.client_type
     context = w.context
@@ -179,7 +169,7 @@ def to_chat(w: WireChat) -> Chat | None:
         title[:TITLE_MAX] if title else "",
         w.archived is True,
         tuple(sorted(labels.items())) if labels else (),
-        last_error,
+        None if err is None or err == "" else chat_error(err),
         w.queued_for_capacity,
         children,
         _KINDS[mode] if mode else "",
@@ -190,9 +180,70 @@ def to_chat(w: WireChat) -> Chat | None:
     )
 
 
+def chat_error(err: WireError | str) -> ChatError:
+    """A ``last_error`` that is present (not null, not ""), as parse_chat_error reads it."""
+    if type(err) is str:
+        return ChatError(message=err[:500])
+    assert isinstance(err, WireError)
+    return ChatError(
+        message=(err.message or "")[:500],
+        detail=(err.detail or "")[:500],
+        kind=err.kind or "generic",
+        provider=err.provider or "",
+        retryable=err.retryable is True,
+        status_code=err.status_code,
+    )
+
+
 def read_frame(data: str | bytes) -> WatchEvent | None:
     """One watch-socket message → an event, or None for a keepalive: the fast decoder
     when the frame fits it, else the tolerant reader (which raises MalformedFrame or
     ServerFrameError exactly as :func:`watchd.coder.models.parse_watch_frame` does)."""
     event = decode_frame(data)
     return event if event is not None else parse_watch_frame(data)
+
+
+class Sighting(msgspec.Struct, gc=False):
+    """A watch frame the fast decoder read whole, kept as decoded: the event's kind, its
+    chat (one that embeds no children) and that chat's ``updated_at`` already parsed.
+
+    The store builds records straight from it (no :class:`Chat` in between);
+    ``to_chat(chat)`` is the Chat the tolerant reader makes of the same frame. Tool calls
+    are not carried: nothing past the decoder reads them.
+    """
+
+    kind: str
+    chat: WireChat
+    updated_at: float | None
+
+
+# What the pump hands on, one per frame that is not a keepalive.
+Event = WatchEvent | Sighting
+
+
+def read_event(data: str | bytes) -> Event | None:
+    """One watch-socket message → a :class:`Sighting` when the fast decoder reads it whole
+    and its chat embeds no children, else what :func:`read_frame` makes of it (an event,
+    None for a keepalive, or MalformedFrame / ServerFrameError raised by the tolerant
+    reader). A Sighting is accepted exactly when :func:`decode_frame` would accept it."""
+    try:
+        w = _event_decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return parse_watch_frame(data)
+    kind = w.kind
+    chat = w.chat
+    if kind and chat is not None and chat.id and chat.status and not chat.children:
+        raw = chat.updated_at
+        if not raw:
+            return Sighting(kind, chat, None)
+        try:
+            return Sighting(kind, chat, timestamp(raw))
+        except ValueError:
+            pass  # the tolerant reader says what is wrong with it
+    event = _to_event(w)
+    return event if event is not None else parse_watch_frame(data)
+
+
+def event_chat_id(event: Event) -> str:
+    """The id of the chat an event is about."""
+    return event.chat.id or ""
