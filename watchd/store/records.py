@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NewType
 
+import msgspec
+
 from watchd.coder.models import _KINDS, TITLE_MAX, Chat, ChatError
 from watchd.coder.wire import WireChat, chat_error
 
@@ -57,9 +59,10 @@ class ChatRecord:
         return (self.identity, self.chat_id)
 
 
-# Not frozen, like ChatRecord: one is built per change (every transition on the stream).
-@dataclass(slots=True)
-class Change:
+# One is built per change (every transition on the stream): a struct, which builds in a
+# third of a dataclass's time and is not tracked by the garbage collector (it refers to
+# records, which never refer back, so it cannot be part of a cycle).
+class Change(msgspec.Struct, gc=False):
     """What an observation did to the store (treated as immutable)."""
 
     kind: str  # new | transition | refresh | tombstone
