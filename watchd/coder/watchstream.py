@@ -66,9 +66,12 @@ class WatchConnection:
         # with autoping off, so every queued message comes out of receive() and a
         # non-empty queue means receive() returns at once.
         queue = getattr(self.ws, "_reader", None)
+        if not hasattr(queue, "_size"):
+            queue = None
         text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
         ping = aiohttp.WSMsgType.PING
         burst: list[Event] = []
+        decoded = 0  # events decoded, added to self.events when the pump ends
         try:
             while True:
                 try:
@@ -97,7 +100,7 @@ class WatchConnection:
                         )
                         raise ResyncNeeded(f"server reported: {exc}") from None
                     if event is not None:  # None: an era's JSON keep-alive
-                        self.events += 1
+                        decoded += 1
                         burst.append(event)
                 elif kind is ping:
                     # Answered here, not inside receive() (autoping is off): so receive()
@@ -119,13 +122,15 @@ class WatchConnection:
                     raise StreamClosed(code, str(msg.extra or ""))
                 elif kind == aiohttp.WSMsgType.ERROR:
                     raise StreamClosed(1006, f"{type(msg.data).__name__}: {msg.data}")
-                if burst and (len(burst) >= MAX_BURST or not getattr(queue, "_size", 0)):
+                if burst and (len(burst) >= MAX_BURST or queue is None or not queue._size):
                     events, burst = burst, []
                     on_events(events)
         except (StreamClosed, ResyncNeeded):
             if burst:
                 on_events(burst)
             raise
+        finally:
+            self.events += decoded
 
     async def close(self, *, code: int | None = None, reason: str = "") -> None:
         """Close once, emitting the connection's single ``ws:close``."""
