@@ -8,6 +8,10 @@ an empty id, a timestamp ``fromisoformat`` cannot read) answers None here, and t
 caller hands the raw bytes to the tolerant reader, which accepts, coerces or rejects
 it exactly as before. ``tests/unit/test_wire.py`` pins the two paths together.
 
+On the watch socket (:func:`read_event`) a frame read whole stays a struct, a
+:class:`Sighting`, all the way into the store, which builds its record from it; only
+a chat that embeds children becomes a :class:`~watchd.coder.models.Chat` here.
+
 One difference is deliberate: fields watchd never reads are skipped without
 validating them, so a number out of double range or nesting deeper than orjson's
 1 024 levels *inside an ignored field* no longer fails the frame. coderd's encoder

@@ -2,7 +2,8 @@
 
 A record is the compact form of a chat that the store keeps: its status, the clock
 (``since``, and how we know it), and what alerts show. :func:`build` makes one from
-a parsed chat, keeping what an older era's minimal payload does not say. Pure: no
+a parsed chat, keeping what an older era's minimal payload does not say (and
+:func:`build_from_wire` the same from a watch frame's decoded struct). Pure: no
 state, no I/O (the rules that decide *when* a record changes are
 :class:`watchd.store.chats.ChatStore`'s).
 """
