@@ -761,9 +761,7 @@ async def _after_burst(db: StateDB, *, one_at_a_time: bool) -> tuple[object, ...
 
 
 async def test_a_burst_arms_as_its_changes_one_at_a_time_would(tmp_path: Path) -> None:
-    """Arming and marking each chat once per burst, from its last record, leaves the same
-    timers, alerts and stored chats as doing it after every change, across resolves, a
-    tombstone and re-creation."""
+    """Arming and marking once per chat per burst ends as doing it after every change does."""
     a, b = StateDB(tmp_path / "a.db"), StateDB(tmp_path / "b.db")
     try:
         assert await _after_burst(a, one_at_a_time=False) == await _after_burst(

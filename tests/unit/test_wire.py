@@ -353,9 +353,7 @@ def _prior(frame: str | bytes, overrides: dict[str, Any] | None) -> Chat | None:
 async def test_a_sighting_moves_the_store_and_timers_as_the_tolerant_reader_does(
     frame: str | bytes,
 ) -> None:
-    """From every prior state and at every clock, a frame read by read_event (a Sighting,
-    built into a record without a Chat) leaves the same Changes, store state and armed
-    timers as the tolerant reader's event, and raises the same errors."""
+    """From any prior state and clock, a frame moves store and timers as the slow event does."""
     slow = _outcome(parse_watch_frame, frame)
     fast = _outcome(read_event, frame)
     if slow[0] != "ok" or slow[1] is None:
@@ -373,8 +371,7 @@ async def test_a_sighting_moves_the_store_and_timers_as_the_tolerant_reader_does
 
 
 def test_what_coderd_sends_is_a_sighting() -> None:
-    """Full and minimal payloads, offsets and nanoseconds take the struct-to-record path;
-    a chat that embeds children, or a frame only the tolerant reader reads, does not."""
+    """Full and minimal payloads become Sightings; children, envelopes and pings do not."""
     for chat in (CHATS[0], CHATS[1], CHATS[2]):
         assert isinstance(read_event(_frame(chat)), Sighting)
     assert isinstance(read_event(_frame(_with(children=[_with(id="k1")]))), WatchEvent)
@@ -412,8 +409,7 @@ BURSTS: list[list[str]] = [
 async def test_a_burst_of_sightings_matches_the_tolerant_reader_event_by_event(
     burst: list[str],
 ) -> None:
-    """A whole burst (transitions, stale stamps, children, archive, delete, re-creation)
-    read by read_event leaves what the tolerant reader's events leave, at every clock."""
+    """A burst of Sightings and events leaves what the tolerant reader's events leave."""
     fast = [read_event(f) for f in burst]
     slow = [parse_watch_frame(f) for f in burst]
     assert any(isinstance(e, Sighting) for e in fast)
