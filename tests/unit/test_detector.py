@@ -712,3 +712,61 @@ async def test_a_chat_due_during_the_listing_is_confirmed_by_a_later_page() -> N
             *(f"c{i}" for i in range(6)),
             "late",
         ]
+
+
+# (chat, status, seconds before now of its updated_at, event kind, archived)
+BURST = [
+    ("c1", "running", 100, "status_change", False),  # progress on a firing chat
+    ("c1", "waiting", 90, "status_change", False),  # leaves running: its alert resolves
+    ("c1", "running", 80, "status_change", False),
+    ("c2", "running", 100, "status_change", False),  # a firing chat refreshed ...
+    ("c2", "running", 95, "status_change", True),  # ... then archived: its alert resolves
+    ("c3", "running", 50, "created", False),
+    ("c3", "waiting", 40, "status_change", False),
+    ("c4", "requires_action", 30, "action_required", False),
+    ("c3", "running", 20, "status_change", False),
+    ("c5", "pending", 10, "created", False),
+    ("c5", "pending", 10, "deleted", False),
+]
+
+
+async def _after_burst(db: StateDB, *, one_at_a_time: bool) -> tuple[object, ...]:
+    async with rig(Budgets(running=60, stalled=30), db=db) as r:
+        r.ready()
+        now = r.clock.now()
+        r.see("c1", "running", now - 120)
+        r.see("c2", "running", now - 120)
+        await r.settle()
+        assert (
+            sorted(r.sink.names())
+            == [("ChatStalled", "firing")] * 2 + [("ChatStuck", "firing")] * 2
+        )
+        changes = []
+        for cid, status, age, kind, archived in BURST:
+            chat = Chat(
+                id=ChatId(cid), status=status, updated_at=now - age, title=cid, archived=archived
+            )
+            change = r.store.observe("a", chat, now=now, via="watch", kind=kind)
+            if change is not None:
+                changes.append(change)
+        for batch in [[c] for c in changes] if one_at_a_time else [changes]:
+            r.det.apply("a", batch)
+        armed = dict(r.det.timers._live)
+        told = r.sink.names()
+        db.flush()
+        stored = sorted(db.load_chats(), key=lambda rec: rec.chat_id)
+        r.advance(100)
+        await r.settle()
+        return armed, told, stored, r.sink.names(), sorted(r.det.firing)
+
+
+async def test_a_burst_arms_as_its_changes_one_at_a_time_would(tmp_path: Path) -> None:
+    """Arming and marking once per chat per burst ends as doing it after every change does."""
+    a, b = StateDB(tmp_path / "a.db"), StateDB(tmp_path / "b.db")
+    try:
+        assert await _after_burst(a, one_at_a_time=False) == await _after_burst(
+            b, one_at_a_time=True
+        )
+    finally:
+        a.close()
+        b.close()

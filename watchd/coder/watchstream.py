@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from watchd.coder.errors import CoderError
-from watchd.coder.models import MalformedFrame, ServerFrameError, WatchEvent
+from watchd.coder.models import MalformedFrame, ServerFrameError
 from watchd.coder.transport import Transport
-from watchd.coder.wire import read_frame
+from watchd.coder.wire import Event, read_event
 
 # Coder pings every 15 s and gives up after 15 s without a pong; our own
 # ping on a 20 s cadence notices a dead TCP path within ~30 s.
@@ -49,7 +49,7 @@ class WatchConnection:
     malformed: int = 0
     _closed: bool = field(default=False)
 
-    async def pump(self, on_events: Callable[[list[WatchEvent]], None]) -> None:
+    async def pump(self, on_events: Callable[[list[Event]], None]) -> None:
         """Decode frames and hand them to ``on_events`` a burst at a time until the
         connection ends (raises StreamClosed / ResyncNeeded, or whatever ``on_events``
         raises).
@@ -66,9 +66,12 @@ class WatchConnection:
         # with autoping off, so every queued message comes out of receive() and a
         # non-empty queue means receive() returns at once.
         queue = getattr(self.ws, "_reader", None)
+        if not hasattr(queue, "_size"):
+            queue = None
         text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
         ping = aiohttp.WSMsgType.PING
-        burst: list[WatchEvent] = []
+        burst: list[Event] = []
+        decoded = 0  # events decoded, added to self.events when the pump ends
         try:
             while True:
                 try:
@@ -78,7 +81,7 @@ class WatchConnection:
                 kind = msg.type
                 if kind is text or kind is binary:
                     try:
-                        event = read_frame(msg.data)
+                        event = read_event(msg.data)
                     except MalformedFrame as exc:
                         self.malformed += 1
                         self.transport.emit_ws(
@@ -97,7 +100,7 @@ class WatchConnection:
                         )
                         raise ResyncNeeded(f"server reported: {exc}") from None
                     if event is not None:  # None: an era's JSON keep-alive
-                        self.events += 1
+                        decoded += 1
                         burst.append(event)
                 elif kind is ping:
                     # Answered here, not inside receive() (autoping is off): so receive()
@@ -119,13 +122,15 @@ class WatchConnection:
                     raise StreamClosed(code, str(msg.extra or ""))
                 elif kind == aiohttp.WSMsgType.ERROR:
                     raise StreamClosed(1006, f"{type(msg.data).__name__}: {msg.data}")
-                if burst and (len(burst) >= MAX_BURST or not getattr(queue, "_size", 0)):
+                if burst and (len(burst) >= MAX_BURST or queue is None or not queue._size):
                     events, burst = burst, []
                     on_events(events)
         except (StreamClosed, ResyncNeeded):
             if burst:
                 on_events(burst)
             raise
+        finally:
+            self.events += decoded
 
     async def close(self, *, code: int | None = None, reason: str = "") -> None:
         """Close once, emitting the connection's single ``ws:close``."""

@@ -10,6 +10,10 @@ an empty id, a timestamp ``fromisoformat`` cannot read) answers None here, and t
 caller hands the raw bytes to the tolerant reader, which accepts, coerces or rejects
 it exactly as before. ``tests/unit/test_wire.py`` pins the two paths together.
 
+On the watch socket (:func:`read_event`) a frame read whole stays a struct, a
+:class:`Sighting`, all the way into the store, which builds its record from it; only
+a chat that embeds children becomes a :class:`~watchd.coder.models.Chat` here.
+
 One difference is deliberate: fields watchd never reads are skipped without
 validating them, so a number out of double range or nesting deeper than orjson's
 1 024 levels *inside an ignored field* no longer fails the frame. coderd's encoder
@@ -103,6 +107,10 @@ def decode_frame(data: str | bytes) -> WatchEvent | None:
         w = _event_decoder.decode(data)
     except (msgspec.DecodeError, RecursionError):
         return None
+    return _to_event(w)
+
+
+def _to_event(w: WireEvent) -> WatchEvent | None:
     kind = w.kind
     wchat = w.chat
     if not kind or wchat is None:
@@ -153,20 +161,6 @@ def to_chat(w: WireChat) -> Chat | None:
         children = tuple(kids)
     labels = w.labels
     err = w.last_error
-    last_error: ChatError | None = None
-    if err is not None and err != "":
-        if type(err) is str:
-            last_error = ChatError(message=err[:500])
-        else:
-            assert isinstance(err, WireError)
-            last_error = ChatError(
-                message=(err.message or "")[:500],
-                detail=(err.detail or "")[:500],
-                kind=err.kind or "generic",
-                provider=err.provider or "",
-                retryable=err.retryable is True,
-                status_code=err.status_code,
-            )
     mode = w.mode
     client_type = w.client_type
     context = w.context
@@ -187,7 +181,7 @@ def to_chat(w: WireChat) -> Chat | None:
         title[:TITLE_MAX] if title else "",
         w.archived is True,
         tuple(sorted(labels.items())) if labels else (),
-        last_error,
+        None if err is None or err == "" else chat_error(err),
         w.queued_for_capacity,
         children,
         _KINDS[mode] if mode else "",
@@ -195,6 +189,21 @@ def to_chat(w: WireChat) -> Chat | None:
         context_error[:300] if context_error else "",
         tuple(x[:200] for x in warnings[:5]) if warnings else (),
         w.created_at,
+    )
+
+
+def chat_error(err: WireError | str) -> ChatError:
+    """A ``last_error`` that is present (not null, not ""), as parse_chat_error reads it."""
+    if type(err) is str:
+        return ChatError(message=err[:500])
+    assert isinstance(err, WireError)
+    return ChatError(
+        message=(err.message or "")[:500],
+        detail=(err.detail or "")[:500],
+        kind=err.kind or "generic",
+        provider=err.provider or "",
+        retryable=err.retryable is True,
+        status_code=err.status_code,
     )
 
 
@@ -302,3 +311,49 @@ def read_page(body: bytes, *, compared: bool = True) -> ListingPage:
         checked.append(chat_id)
     page.ids = checked
     return page
+
+
+class Sighting(msgspec.Struct, gc=False):
+    """A watch frame the fast decoder read whole, kept as decoded: the event's kind, its
+    chat (one that embeds no children) and that chat's ``updated_at`` already parsed.
+
+    The store builds records straight from it (no :class:`Chat` in between);
+    ``to_chat(chat)`` is the Chat the tolerant reader makes of the same frame. Tool calls
+    are not carried: nothing past the decoder reads them.
+    """
+
+    kind: str
+    chat: WireChat
+    updated_at: float | None
+
+
+# What the pump hands on, one per frame that is not a keepalive.
+Event = WatchEvent | Sighting
+
+
+def read_event(data: str | bytes) -> Event | None:
+    """One watch-socket message → a :class:`Sighting` when the fast decoder reads it whole
+    and its chat embeds no children, else what :func:`read_frame` makes of it (an event,
+    None for a keepalive, or MalformedFrame / ServerFrameError raised by the tolerant
+    reader). A Sighting is accepted exactly when :func:`decode_frame` would accept it."""
+    try:
+        w = _event_decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return parse_watch_frame(data)
+    kind = w.kind
+    chat = w.chat
+    if kind and chat is not None and chat.id and chat.status and not chat.children:
+        raw = chat.updated_at
+        if not raw:
+            return Sighting(kind, chat, None)
+        try:
+            return Sighting(kind, chat, timestamp(raw))
+        except ValueError:
+            pass  # the tolerant reader says what is wrong with it
+    event = _to_event(w)
+    return event if event is not None else parse_watch_frame(data)
+
+
+def event_chat_id(event: Event) -> str:
+    """The id of the chat an event is about."""
+    return event.chat.id or ""

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Iterable, Mapping
 
 from watchd.alerting.model import Alert, AlertSink, fingerprint
-from watchd.coder.models import is_known
+from watchd.coder.models import KNOWN_STATUSES
 from watchd.config.watching import Budgets
 from watchd.detection.alerts import Renderer, identity_unhealthy
 from watchd.detection.budgets import ERROR, RUNNING, budget
@@ -160,18 +160,28 @@ class Detector:
     # -- changes from watchers ----------------------------------------------------
 
     def apply(self, identity: str, changes: Iterable[Change]) -> None:
-        # Runs once per burst of watch events and per listing page: keep it lean, and
-        # decide about waking the loop once, after the whole batch is armed.
+        # Runs once per burst of watch events and per listing page: keep it lean. A chat's
+        # clocks are armed once per batch, from its last record: arming is "the last one
+        # wins" per clock, and a chat's alerts (which decide between arming and
+        # cancelling) only move with its own changes, so arming after the pass ends as
+        # arming after each change would (the same live timers; only which of two equal
+        # deadlines pops first may differ, as after a heap compaction). Chats are armed in
+        # the order of their last changes; a tombstone first arms what its chat had
+        # pending, which was armed before its alerts resolved. The loop is woken once,
+        # after the whole batch is armed.
         db = self.db
         by_chat = self.ledger.by_chat
         w = self.watched.get(identity)
-        arm = self._arm_clocks
         invalid = self.ledger.invalid
-        armed = False
+        unknown = self._unknown_statuses
+        latest: dict[str, ChatRecord] = {}
         for change in changes:
             rec = change.record
             kind = change.kind
             if kind == "tombstone":
+                pending = latest.pop(rec.chat_id, None)
+                if pending is not None and w is not None:
+                    self._arm_all(w, (pending,))
                 log.info(
                     "chat.tombstoned", identity=identity, chat_id=rec.chat_id, reason=change.reason
                 )
@@ -179,8 +189,6 @@ class Detector:
                     db.mark_deleted(identity, rec.chat_id)
                 self.ledger.resolve_chat(rec, why=_GONE.get(change.reason, f"chat {change.reason}"))
                 continue
-            if db is not None:
-                db.mark(rec)
             prev = change.previous
             if kind == "transition" and rec.clock == CLOCK_SYNTHESIZED:
                 log.info(
@@ -192,24 +200,34 @@ class Detector:
                 )
             if prev is not None and prev.status != rec.status and invalid:
                 invalid.pop(rec.key, None)
-            if prev is not None and (identity, rec.chat_id) in by_chat:
+            if prev is not None and by_chat and (identity, rec.chat_id) in by_chat:
                 if prev.status != rec.status:
                     self.ledger.resolve_chat(prev, why=f"left {prev.status} for {rec.status}")
                 elif kind == "refresh" and prev.updated_at != rec.updated_at:
                     # Progress on the server: the stalled clock restarts.
                     self.ledger.resolve_chat(prev, why="progress", names=("ChatStalled",))
-            if not is_known(rec.status) and rec.status not in self._unknown_statuses:
-                self._unknown_statuses.add(rec.status)
+            status = rec.status
+            if status not in KNOWN_STATUSES and status not in unknown:
+                unknown.add(status)
                 log.warning(
                     "status.unknown",
-                    status=rec.status,
+                    status=status,
                     identity=identity,
                     note="treated as active with the default budget",
                 )
-            if w is not None:
-                arm(w, rec)
-                armed = True
-        if armed:
+            cid = rec.chat_id
+            latest.pop(cid, None)  # re-inserted: the order of last changes
+            latest[cid] = rec
+        if not latest:
+            return
+        if db is not None:
+            # The state DB keeps the last record of each chat (its marks are "last one
+            # wins" too; a tombstone above marks its chat deleted over what was pending).
+            mark = db.mark
+            for rec in latest.values():
+                mark(rec)
+        if w is not None:
+            self._arm_all(w, latest.values())
             nxt = self.timers.next_deadline()
             if nxt is not None and nxt < self._next_wake:
                 # Only a deadline earlier than the loop's planned wake-up needs a wake-up.
@@ -220,38 +238,44 @@ class Detector:
         w = self.watched.get(rec.identity)
         if w is None:
             return
-        self._arm_clocks(w, rec)
+        self._arm_all(w, (rec,))
         nxt = self.timers.next_deadline()
         if nxt is not None and nxt < self._next_wake:
             # Only a deadline earlier than the loop's planned wake-up needs a wake-up.
             self._wake.set()
 
-    def _arm_clocks(self, w: Watched, rec: ChatRecord) -> None:
+    def _arm_all(self, w: Watched, recs: Iterable[ChatRecord]) -> None:
+        """Arm (or cancel) each record's status and stalled clocks, in order."""
         offset = w.health.server_clock.offset
-        status = rec.status
-        try:
-            limit = w.limits[status]
-        except KeyError:
-            limit = w.limits[status] = budget(w.budgets, status)
-        key = (rec.identity, rec.chat_id, "status")
+        limits = w.limits
+        stalled = w.budgets.stalled
         firing = self.ledger.firing_clocks
         timers = self.timers
-        if key in firing:
-            timers.cancel(key)
-        elif limit is not None:
-            timers.arm(key, rec.since + limit - offset, rec.version)
-        elif self.chat_failed and status == ERROR:
-            timers.arm(key, rec.since - offset, rec.version)
-        else:
-            timers.cancel(key)
-        stalled = w.budgets.stalled
-        skey = (rec.identity, rec.chat_id, "stalled")
-        if skey in firing:
-            timers.cancel(skey)
-        elif stalled is not None and status == RUNNING and rec.updated_at:
-            timers.arm(skey, rec.updated_at + stalled - offset, int(rec.updated_at * 1000))
-        else:
-            timers.cancel(skey)
+        arm = timers.arm
+        cancel = timers.cancel
+        chat_failed = self.chat_failed
+        for rec in recs:
+            status = rec.status
+            try:
+                limit = limits[status]
+            except KeyError:
+                limit = limits[status] = budget(w.budgets, status)
+            key = (rec.identity, rec.chat_id, "status")
+            if key in firing:
+                cancel(key)
+            elif limit is not None:
+                arm(key, rec.since + limit - offset, rec.version)
+            elif chat_failed and status == ERROR:
+                arm(key, rec.since - offset, rec.version)
+            else:
+                cancel(key)
+            skey = (rec.identity, rec.chat_id, "stalled")
+            if skey in firing:
+                cancel(skey)
+            elif stalled is not None and status == RUNNING and rec.updated_at:
+                arm(skey, rec.updated_at + stalled - offset, int(rec.updated_at * 1000))
+            else:
+                cancel(skey)
 
     async def run(self) -> None:
         """Fire due timers, tick identity health; sleeps until the next deadline (≤1 s)."""

@@ -30,10 +30,10 @@ class TimerHeap:
         return len(self._live)
 
     def arm(self, key: tuple[str, str, str], deadline: float, version: int) -> None:
-        current = self._live.get(key)
-        if current == (deadline, version):
+        entry = (deadline, version)
+        if self._live.get(key) == entry:
             return
-        self._live[key] = (deadline, version)
+        self._live[key] = entry
         heapq.heappush(self._heap, (deadline, next(self._seq), key, version))
         if len(self._heap) > 64 and len(self._heap) > 2 * len(self._live):
             self._compact()

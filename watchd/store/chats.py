@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from watchd.coder.models import TITLE_MAX, Chat, WatchEvent, flatten, parse_chat, timestamp
-from watchd.coder.wire import ListedRow, ListingPage
+from watchd.coder.wire import Event, ListedRow, ListingPage, Sighting, to_chat
 from watchd.store.records import (
     CLOCK_LOWER_BOUND,
     CLOCK_SYNTHESIZED,
@@ -39,8 +39,12 @@ from watchd.store.records import (
     Change,
     ChatRecord,
     build,
+    build_from_wire,
     clock_start,
 )
+
+# A stamp older than this is checked against the chat's created_at (see ChatStore._sane).
+_OLD_STAMP = 86_400.0
 
 
 class ChatStore:
@@ -196,33 +200,116 @@ class ChatStore:
         recs[chat.id] = rec
         return Change("refresh", rec, old)
 
-    def observe_events(
-        self, identity: str, events: Iterable[WatchEvent], *, now: float
-    ) -> list[Change]:
-        """A burst of watch events, in order: what :meth:`observe` makes of each."""
+    def observe_events(self, identity: str, events: Iterable[Event], *, now: float) -> list[Change]:
+        """A burst of watch events, in order: what :meth:`observe` makes of each (a
+        :class:`Sighting` is read without building a Chat first)."""
         observe = self.observe
+        sight = self._observe_sighting
         changes: list[Change] = []
         for event in events:
-            change = observe(identity, event.chat, now=now, via="watch", kind=event.kind)
+            if type(event) is Sighting:
+                change = sight(identity, event, now=now)
+            else:
+                assert isinstance(event, WatchEvent)
+                change = observe(identity, event.chat, now=now, via="watch", kind=event.kind)
             if change is not None:
                 changes.append(change)
         return changes
+
+    def _observe_sighting(self, identity: str, s: Sighting, *, now: float) -> Change | None:
+        """What :meth:`observe` does with ``to_chat(s.chat)`` off the watch stream, with the
+        record built straight from the struct when the chat is known and stays (neither
+        archived nor deleted); anything else goes through :meth:`observe` itself."""
+        w = s.chat
+        cid = w.id or ""
+        recs = self._by_identity.get(identity)
+        old = recs.get(cid) if recs is not None else None
+        kind = s.kind
+        if recs is None or old is None or w.archived is True or kind == "deleted":
+            chat = to_chat(w)
+            assert chat is not None  # the decoder only makes a Sighting of what it reads
+            return self.observe(identity, chat, now=now, via="watch", kind=kind)
+        ts = s.updated_at
+        if ts is not None and (ts > now + FUTURE_TOLERANCE or ts < now - _OLD_STAMP):
+            ts = self._sane_stamp(identity, ts, created=None, created_raw=w.created_at, now=now)
+        if self._absent:
+            absent = self._absent.get(identity)
+            if absent:
+                absent.pop(cid, None)
+        held = old.updated_at
+        if ts is not None and held is not None and ts < held:
+            self.stale_ignored += 1
+            return None
+        if w.status != old.status:
+            rec = build_from_wire(
+                w,
+                updated_at=ts,
+                since=ts if ts is not None else now,
+                clock=CLOCK_TRANSITION,
+                now=now,
+                version=old.version + 1,
+                previous=old,
+            )
+            recs[cid] = rec
+            return Change("transition", rec, old)
+        title = w.title
+        if (
+            ts == held
+            and (not title or title[:TITLE_MAX] == old.title)
+            and w.queued_for_capacity in (None, old.queued_for_capacity)
+        ):
+            self._seen[(identity, cid)] = now
+            return None
+        rec = build_from_wire(
+            w,
+            updated_at=ts,
+            since=old.since,
+            clock=old.clock,
+            now=now,
+            version=old.version,
+            previous=old,
+        )
+        recs[cid] = rec
+        return Change("refresh", rec, old)
 
     def _sane(self, identity: str, chat: Chat, *, now: float) -> Chat:
         """``chat`` with an ``updated_at`` that can serve as a clock: one past server-now
         (beyond the tolerance) is clamped to now; one before the chat's ``created_at`` is
         dropped (the observation time stands in). Both are counted by identity."""
         ts = chat.updated_at
-        if ts is None:
+        if ts is None or (
+            ts <= now + FUTURE_TOLERANCE and ts >= now - _OLD_STAMP and chat.created_at is None
+        ):
             return chat
+        sane = self._sane_stamp(
+            identity, ts, created=chat.created_at, created_raw=chat.created_raw, now=now
+        )
+        return chat if sane is ts else replace(chat, updated_at=sane)
+
+    def _sane_stamp(
+        self,
+        identity: str,
+        ts: float,
+        *,
+        created: float | None,
+        created_raw: str | None,
+        now: float,
+    ) -> float | None:
+        """:meth:`_sane`'s verdict on one stamp: ``ts``, ``now`` (clamped) or None (not a
+        clock). ``created_at`` is read (from ``created_raw`` when not already parsed)
+        only for a stamp more than a day old, or when it came parsed."""
         if ts > now + FUTURE_TOLERANCE:
             self.future_clamped[identity] = self.future_clamped.get(identity, 0) + 1
-            return replace(chat, updated_at=now)
-        created = chat.created() if ts < now - 86_400 or chat.created_at is not None else None
+            return now
+        if created is None and ts < now - _OLD_STAMP and created_raw:
+            try:
+                created = timestamp(created_raw)
+            except ValueError:
+                created = None
         if created is not None and ts < created - FUTURE_TOLERANCE:
             self.before_created[identity] = self.before_created.get(identity, 0) + 1
-            return replace(chat, updated_at=None)
-        return chat
+            return None
+        return ts
 
     def tombstone(self, identity: str, chat_id: str, *, reason: str) -> Change | None:
         absent = self._absent.get(identity)

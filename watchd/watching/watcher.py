@@ -34,7 +34,7 @@ import structlog
 
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.models import Chat, WatchEvent
+from watchd.coder.models import Chat
 from watchd.coder.watchstream import (
     DEFAULT_HEARTBEAT,
     ResyncNeeded,
@@ -42,6 +42,7 @@ from watchd.coder.watchstream import (
     WatchConnection,
     open_watch,
 )
+from watchd.coder.wire import Event, event_chat_id
 from watchd.kits import logs
 from watchd.kits.backoff import Backoff
 from watchd.kits.clock import loop_time
@@ -99,7 +100,7 @@ class IdentityWatcher:
         self.rng = rng or random.Random()
         self.attempt = 0
         self._conn: WatchConnection | None = None
-        self._buffer: list[WatchEvent] | None = None
+        self._buffer: list[Event] | None = None
         # Chats whose events overflowed the buffer during a listing: re-read after it.
         self._dirty: set[str] | None = None
         # Set by any call that Coder refused with 401/403 (the client's on_refused).
@@ -291,7 +292,7 @@ class IdentityWatcher:
             await conn.close(code=close_code, reason=reason)
             self.health.malformed += conn.malformed
 
-    def _on_events(self, events: list[WatchEvent]) -> None:
+    def _on_events(self, events: list[Event]) -> None:
         """A burst of events from the socket: applied together, or held while a listing
         runs."""
         buffer = self._buffer
@@ -301,7 +302,7 @@ class IdentityWatcher:
         for event in events:
             dirty = self._dirty
             if dirty is not None:
-                dirty.add(event.chat.id)
+                dirty.add(event_chat_id(event))
                 if len(dirty) > self.settings.dirty_limit:
                     raise ResyncNeeded("too many chats changed during the listing")
                 continue
@@ -309,7 +310,7 @@ class IdentityWatcher:
             if len(buffer) > self.settings.buffer_limit:
                 # Keep which chats moved, not every event: they are re-read after the listing.
                 self.health.overflow += 1
-                self._dirty = {e.chat.id for e in buffer}
+                self._dirty = {event_chat_id(e) for e in buffer}
                 buffer.clear()
                 log.info(
                     "watch.buffer_overflow",
@@ -318,7 +319,7 @@ class IdentityWatcher:
                     note="keeping the ids of the chats that change; they are re-read after",
                 )
 
-    def _apply_burst(self, events: list[WatchEvent]) -> None:
+    def _apply_burst(self, events: list[Event]) -> None:
         """Events read in one go: one store pass and one detector pass, observed at one
         server-clock instant (they arrived together)."""
         self.health.events += len(events)
