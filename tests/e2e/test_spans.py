@@ -189,6 +189,7 @@ async def test_ingest_hardening(
         "unauthorized": 2,
         "too_large": 1,
         "refused_full": 0,
+        "refused_busy": 0,
     }
     assert (await post(d, good, token="ingest-token-abcdef"))[0] == 202
     doc = await d.status()
