@@ -269,3 +269,18 @@ async def test_alertmanager_cluster_gets_every_alert_at_every_peer(
     finally:
         for p in peers:
             await p.stop()
+
+
+def test_common_labels_and_annotations_keep_the_first_alerts_order() -> None:
+    """Common pairs are those every alert has with the same value, in the first's order."""
+    from types import MappingProxyType
+
+    a = Alert("1", {"z": "1", "a": "2", "m": "3"}, {"s": "x", "t": "y"})
+    b = Alert("2", {"m": "3", "z": "1", "a": "9"}, {"t": "y"})
+    c = Alert("3", MappingProxyType({"a": "2", "m": "3", "z": "1"}), {"s": "x", "t": "y"})
+    n = Notification("r", "k", {}, (a, b, c))
+    assert list(n.common_labels().items()) == [("z", "1"), ("m", "3")]
+    assert n.common_annotations() == {"t": "y"}
+    assert Notification("r", "k", {}, (a,)).common_labels() == {"z": "1", "a": "2", "m": "3"}
+    assert Notification("r", "k", {}, ()).common_labels() == {}
+    assert Notification("r", "k", {}, (a, Alert("4", {}))).common_labels() == {}
