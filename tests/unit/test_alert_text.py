@@ -1,4 +1,4 @@
-"""The text of chat alerts: time stamps rendered as datetime renders them."""
+"""The text of alerts: time stamps and durations rendered as before, however cached."""
 
 from __future__ import annotations
 
@@ -39,3 +39,36 @@ def test_iso_matches_datetime_on_many_stamps() -> None:
     stamps += [1764600000 + i / 1000 for i in range(3000)]
     for ts in stamps:
         assert iso(ts) == datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+def test_live_durations_are_format_duration() -> None:
+    """The durations live() says are format_duration's, remembered or not."""
+    from watchd.alerting.model import _duration
+    from watchd.config.fields import format_duration
+
+    rng = random.Random(18)
+    for x in [0.0, 0.5, 1.5, 2.5, 59.5, 60.49, 3599.5, 3 * 86400 + 0.5]:
+        assert _duration(x) == format_duration(x)
+    for _ in range(5000):
+        x = rng.uniform(0, 1e6)
+        assert _duration(x) == format_duration(x)
+
+
+def test_mute_with_nothing_to_mute_keeps_every_alert() -> None:
+    """No silence and no inhibition rule: mute keeps every alert, in order, counting none."""
+    from watchd.alerting.model import Alert
+    from watchd.alerting.silencing import Inhibitor, Silencer
+    from watchd.alerting.stages import mute
+
+    alerts = [Alert(f"f{i}", {"alertname": "ChatStuck"}) for i in range(3)]
+    counts = {"silenced": 0, "inhibited": 0}
+    out = mute(
+        iter(alerts),
+        active=iter(alerts),
+        silencer=Silencer([]),
+        inhibitor=Inhibitor([]),
+        now=0.0,
+        counts=counts,
+    )
+    assert out == alerts
+    assert counts == {"silenced": 0, "inhibited": 0}
