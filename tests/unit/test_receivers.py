@@ -284,3 +284,31 @@ def test_common_labels_and_annotations_keep_the_first_alerts_order() -> None:
     assert Notification("r", "k", {}, (a,)).common_labels() == {"z": "1", "a": "2", "m": "3"}
     assert Notification("r", "k", {}, ()).common_labels() == {}
     assert Notification("r", "k", {}, (a, Alert("4", {}))).common_labels() == {}
+
+
+def test_webhook_json_is_the_v4_body_of_each_alert() -> None:
+    """The encoded webhook body lists each alert as am_alert renders it, firing or resolved."""
+    from watchd.alerting.receivers.base import dumps
+    from watchd.alerting.receivers.simple import am_alert, webhook_body, webhook_json
+
+    alerts = tuple(
+        Alert(
+            f"f{i}",
+            {"alertname": "ChatStuck", "identity": "a", "chat_id": str(i)},
+            {"summary": f"s{i}", "clock": "transition"},
+            starts_at=1764600000.5 + i,
+            ends_at=None if i % 3 else 1764600100.25,
+        )
+        for i in range(7)
+    )
+    n = Notification("r", "k", {"identity": "a"}, alerts, "http://watchd/")
+    body = orjson_loads(webhook_json(n))
+    assert body == orjson_loads(dumps(webhook_body(n)))
+    each = [am_alert(a, generator_url="http://watchd/") for a in alerts]
+    assert webhook_json(n) == dumps({**webhook_body(n), "alerts": each})  # byte for byte
+    assert body["commonLabels"] == {"alertname": "ChatStuck", "identity": "a"}
+    assert body["commonAnnotations"] == {"clock": "transition"}
+
+
+def orjson_loads(raw: bytes) -> object:
+    return json.loads(raw)
