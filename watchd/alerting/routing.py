@@ -40,8 +40,10 @@ class Route:
 
     def match(self, labels: Mapping[str, str]) -> list[Route]:
         """The routes that take an alert with these labels (at least the root)."""
-        if not all_match(self.matchers, labels):
+        if self.matchers and not all_match(self.matchers, labels):
             return []
+        if not self.children:
+            return [self]
         found: list[Route] = []
         for child in self.children:
             hits = child.match(labels)
