@@ -42,7 +42,7 @@ async def _tail(n: int) -> list[Row]:
     from tests.unit.test_dispatch import Recorder
     from watchd.alerting import routing
     from watchd.alerting.dispatch import Dispatcher
-    from watchd.alerting.receivers.simple import dumps, webhook_body
+    from watchd.alerting.receivers.simple import webhook_json
     from watchd.alerting.silencing import Inhibitor, Silencer
     from watchd.config.alerting import RouteConfig
     from watchd.detection.budgets import Budgets
@@ -90,7 +90,7 @@ async def _tail(n: int) -> list[Row]:
         t1 = time.thread_time()
         await _until(lambda: bool(recorder.sent))
         t2 = time.thread_time()
-        body = dumps(webhook_body(recorder.sent[0]))
+        body = webhook_json(recorder.sent[0])
         t3 = time.thread_time()
         plain = [a.to_json() for a in recorder.sent[0].alerts]
         t4 = time.thread_time()

@@ -269,3 +269,46 @@ async def test_alertmanager_cluster_gets_every_alert_at_every_peer(
     finally:
         for p in peers:
             await p.stop()
+
+
+def test_common_labels_and_annotations_keep_the_first_alerts_order() -> None:
+    """Common pairs are those every alert has with the same value, in the first's order."""
+    from types import MappingProxyType
+
+    a = Alert("1", {"z": "1", "a": "2", "m": "3"}, {"s": "x", "t": "y"})
+    b = Alert("2", {"m": "3", "z": "1", "a": "9"}, {"t": "y"})
+    c = Alert("3", MappingProxyType({"a": "2", "m": "3", "z": "1"}), {"s": "x", "t": "y"})
+    n = Notification("r", "k", {}, (a, b, c))
+    assert list(n.common_labels().items()) == [("z", "1"), ("m", "3")]
+    assert n.common_annotations() == {"t": "y"}
+    assert Notification("r", "k", {}, (a,)).common_labels() == {"z": "1", "a": "2", "m": "3"}
+    assert Notification("r", "k", {}, ()).common_labels() == {}
+    assert Notification("r", "k", {}, (a, Alert("4", {}))).common_labels() == {}
+
+
+def test_webhook_json_is_the_v4_body_of_each_alert() -> None:
+    """The encoded webhook body lists each alert as am_alert renders it, firing or resolved."""
+    from watchd.alerting.receivers.base import dumps
+    from watchd.alerting.receivers.simple import am_alert, webhook_body, webhook_json
+
+    alerts = tuple(
+        Alert(
+            f"f{i}",
+            {"alertname": "ChatStuck", "identity": "a", "chat_id": str(i)},
+            {"summary": f"s{i}", "clock": "transition"},
+            starts_at=1764600000.5 + i,
+            ends_at=None if i % 3 else 1764600100.25,
+        )
+        for i in range(7)
+    )
+    n = Notification("r", "k", {"identity": "a"}, alerts, "http://watchd/")
+    body = orjson_loads(webhook_json(n))
+    assert body == orjson_loads(dumps(webhook_body(n)))
+    each = [am_alert(a, generator_url="http://watchd/") for a in alerts]
+    assert webhook_json(n) == dumps({**webhook_body(n), "alerts": each})  # byte for byte
+    assert body["commonLabels"] == {"alertname": "ChatStuck", "identity": "a"}
+    assert body["commonAnnotations"] == {"clock": "transition"}
+
+
+def orjson_loads(raw: bytes) -> object:
+    return json.loads(raw)

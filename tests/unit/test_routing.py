@@ -131,3 +131,18 @@ def test_dedup_decisions(
 ) -> None:
     """The notification log decides: new firing, newly resolved, or a repeat."""
     assert needs_update(prev, firing, resolved, repeat=3600, send_resolved=True, now=now) is send
+
+
+def test_group_key_remembered_is_the_formatted_key() -> None:
+    """A remembered group key is the text formatting would give, also past the bound."""
+    root = routing.build(RouteConfig.model_validate({"receiver": "r"}))
+    labels = {"identity": "x'y", "alertname": "ChatStuck", "status": "running"}
+    want = "root:{identity=\"x'y\",alertname='ChatStuck',status='running'}"
+    assert root.group_key(labels) == want
+    assert root.group_key(dict(labels)) == want  # remembered
+    assert root.group_key({"identity": "x"}) == "root:{identity='x',alertname='',status=''}"
+    for i in range(routing.MAX_KEYS + 10):
+        root.group_key({**labels, "identity": str(i)})
+    assert root.group_key(labels) == want
+    assert root == routing.build(RouteConfig.model_validate({"receiver": "r"}))
+    assert hash(root) == hash(routing.build(RouteConfig.model_validate({"receiver": "r"})))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -320,7 +320,10 @@ class Confirming:
         collecting = gc.isenabled() and burst > 1
         if collecting:
             gc.disable()
-        try:
+
+        def rendered() -> Iterator[tuple[Alert, str, str | None]]:
+            # Lazily: each alert is fired before the next is rendered, so a fingerprint
+            # fired earlier in the pass is seen as firing.
             for (rec, clock, past, since, fp), got in zip(due, facts, strict=True):
                 # The record may have moved while we gathered facts.
                 current = self.store.get(rec.identity, rec.chat_id)
@@ -343,8 +346,11 @@ class Confirming:
                     invalid=invalid.get(rec.key) if invalid else None,
                     burst=burst,
                 )
-                self.ledger.fire(alert, identity=rec.identity, chat_id=rec.chat_id, quiet=burst > 1)
                 fired.append(alert)
+                yield alert, rec.identity, rec.chat_id
+
+        try:
+            self.ledger.fire_all(rendered(), quiet=burst > 1)
         finally:
             if collecting:
                 gc.enable()

@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import repeat
 from typing import Any, Protocol
 
 import aiohttp
@@ -74,14 +75,23 @@ class Notification:
 
 
 def _common(maps: list[Mapping[str, str]]) -> dict[str, str]:
+    """The pairs every map has, in the first map's order."""
     if not maps:
         return {}
-    out = dict(maps[0])
-    for m in maps[1:]:
-        for k in [k for k, v in out.items() if m.get(k) != v]:
-            del out[k]
-        if not out:
-            break
+    n = len(maps)
+    # One key at a time over all the maps, the lookups in C (``map`` of ``dict.get``):
+    # map by map in Python was a third of encoding a ten-thousand-alert webhook body.
+    plain = all(type(m) is dict for m in maps)
+    # Keys that already differ in a few of them are dropped before the full scan.
+    sample = (maps[1 % n], maps[n // 2], maps[-1])
+    out = {}
+    for k, v in maps[0].items():
+        if any(m.get(k) != v for m in sample):
+            continue
+        values: list[str | None]
+        values = list(map(dict.get, maps, repeat(k))) if plain else [m.get(k) for m in maps]  # type: ignore[arg-type]
+        if values.count(v) == n:
+            out[k] = v
     return out
 
 

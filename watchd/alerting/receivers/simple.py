@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import hmac
 import sys
@@ -61,6 +62,7 @@ def am_alert(a: Alert, *, generator_url: str) -> dict[str, Any]:
 
 def webhook_body(n: Notification) -> dict[str, Any]:
     """Alertmanager's webhook payload, version 4."""
+    url = n.external_url
     return {
         "version": "4",
         "groupKey": n.group_key,
@@ -71,8 +73,34 @@ def webhook_body(n: Notification) -> dict[str, Any]:
         "commonLabels": n.common_labels(),
         "commonAnnotations": n.common_annotations(),
         "externalURL": n.external_url,
-        "alerts": [am_alert(a, generator_url=n.external_url) for a in n.alerts],
+        # am_alert inlined: a call per alert was a third of building a 10 000-alert body.
+        "alerts": [
+            {
+                "status": "firing" if a.ends_at is None else "resolved",
+                "labels": a.labels,
+                "annotations": a.annotations,
+                "startsAt": rfc3339(a.starts_at),
+                "endsAt": rfc3339(a.ends_at),
+                "generatorURL": url,
+                "fingerprint": a.fingerprint,
+            }
+            for a in n.alerts
+        ],
     }
+
+
+def webhook_json(n: Notification) -> bytes:
+    """The webhook body, encoded."""
+    # Tens of thousands of short-lived acyclic dicts at once: the cyclic collector would
+    # rescan the daemon's heap meanwhile (as in the fire pass, detection.confirming).
+    collecting = gc.isenabled() and len(n.alerts) > 1
+    if collecting:
+        gc.disable()
+    try:
+        return dumps(webhook_body(n))
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class WebhookNotifier:
@@ -108,7 +136,7 @@ class WebhookNotifier:
                 n.external_url,
                 truncated=len(n.alerts) - self.max_alerts,
             )
-        body = dumps(webhook_body(n))
+        body = webhook_json(n)
         headers = {}
         if self.hmac_secret:
             digest = hmac.new(self.hmac_secret.encode(), body, hashlib.sha256).hexdigest()
