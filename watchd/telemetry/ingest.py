@@ -180,16 +180,12 @@ _Steps = Generator[None, None, Batch]
 def parse_batch(body: bytes, *, content_type: str, query: Mapping[str, str]) -> Batch:
     """All events of a batch with their senders, or IngestError for the first problem."""
     steps = _steps(body, content_type=content_type, query=query)
-    try:
-        while True:
+    while True:
+        try:
             next(steps)
-    except StopIteration as done:
-        batch: Batch = done.value
-        return batch
-    except RecursionError:
-        raise _too_deep() from None
-    except UnicodeDecodeError as exc:
-        raise _not_utf8(exc) from None
+        except StopIteration as done:
+            batch: Batch = done.value
+            return batch
 
 
 async def parse_batch_stepwise(
@@ -206,35 +202,13 @@ async def parse_batch_stepwise(
     as soon as it is decoded, before any event is validated (so a malformed batch may
     first be answered "full" and, retried, then "bad")."""
     steps = _steps(body, content_type=content_type, query=query, room=room)
-    try:
-        while True:
+    while True:
+        try:
             next(steps)
-            await asyncio.sleep(0)
-    except StopIteration as done:
-        batch: Batch = done.value
-        return batch
-    except RecursionError:
-        raise _too_deep() from None
-    except UnicodeDecodeError as exc:
-        raise _not_utf8(exc) from None
-
-
-def _too_deep() -> IngestError:
-    # json's decoder recurses per nesting level: a body nested thousands deep is an
-    # operator's (or an attacker's) mistake, answered 400, never a 500 with a traceback.
-    return IngestError("body: JSON nested too deeply")
-
-
-def _not_utf8(exc: UnicodeDecodeError) -> IngestError:
-    return IngestError(f"body: not UTF-8 (byte {exc.start})")
-
-
-def _loads(text: str) -> Any:
-    """orjson, or the stdlib's answer where orjson refuses (see the module docstring)."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return json.loads(text)
+        except StopIteration as done:
+            batch: Batch = done.value
+            return batch
+        await asyncio.sleep(0)
 
 
 def _steps(
@@ -245,7 +219,33 @@ def _steps(
     room: Callable[[], int] | None = None,
 ) -> _Steps:
     """The batch parser as a generator: it yields between steps of :data:`STEP` events
-    and returns the batch (or raises IngestError)."""
+    and returns the batch, or raises IngestError (also for what the decoders raise)."""
+    try:
+        return (yield from _parse(body, content_type=content_type, query=query, room=room))
+    except RecursionError:
+        # json's decoder recurses per nesting level: a body nested thousands deep is an
+        # operator's (or an attacker's) mistake, answered 400, never a 500 with a traceback.
+        raise IngestError("body: JSON nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise IngestError(f"body: not UTF-8 (byte {exc.start})") from None
+
+
+def _loads(text: str) -> Any:
+    """orjson, or the stdlib's answer where orjson refuses (see the module docstring)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
+def _parse(
+    body: bytes,
+    *,
+    content_type: str,
+    query: Mapping[str, str],
+    room: Callable[[], int] | None = None,
+) -> _Steps:
+    """:func:`_steps` without the decoders' own exceptions mapped."""
     text = body.decode("utf-8", "strict") if body else ""
     out: Batch = []
     if (
