@@ -148,13 +148,8 @@ def _unchanged(row: dict[str, Any], rec: ChatRecord) -> bool:
     if row.get("status") != rec.status or row.get("archived") is True or row.get("children"):
         return False
     ts = row.get("updated_at")
-    if type(ts) is not str or rec.updated_at is None:
+    if type(ts) is not str or not _same_stamp(ts, rec):
         return False
-    try:
-        if timestamp(ts) != rec.updated_at:
-            return False
-    except ValueError:
-        return False  # the parser will say what is wrong with it
     title = row.get("title")
     if title and (type(title) is not str or title[:TITLE_MAX] != rec.title):
         return False
@@ -168,15 +163,21 @@ def _listed_unchanged(row: ListedRow, rec: ChatRecord) -> bool:
     if row.status != rec.status or row.archived or row.children:
         return False
     ts = row.updated_at
-    if not ts or rec.updated_at is None:
+    if not ts or not _same_stamp(ts, rec):
         return False
-    try:
-        if timestamp(ts) != rec.updated_at:
-            return False
-    except ValueError:
-        return False  # the parser will say what is wrong with it
     title = row.title
     if title and title[:TITLE_MAX] != rec.title:
         return False
     queued = row.queued_for_capacity
     return queued is None or queued is rec.queued_for_capacity
+
+
+def _same_stamp(ts: str, rec: ChatRecord) -> bool:
+    """Whether a row's ``updated_at`` text is the record's stamp (a stamp that does not
+    parse is news: the parser will say what is wrong with it)."""
+    if rec.updated_at is None:
+        return False
+    try:
+        return timestamp(ts) == rec.updated_at
+    except ValueError:
+        return False
