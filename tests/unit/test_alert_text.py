@@ -42,8 +42,8 @@ def test_iso_matches_datetime_on_many_stamps() -> None:
 
 
 def test_live_durations_are_format_duration() -> None:
-    """The durations live() says are format_duration's, remembered or not."""
-    from watchd.alerting.model import _duration
+    """The durations live() and the renderer say are format_duration's, remembered or not."""
+    from watchd.config.fields import duration_text as _duration
     from watchd.config.fields import format_duration
 
     rng = random.Random(18)

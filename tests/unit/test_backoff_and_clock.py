@@ -103,3 +103,29 @@ def test_server_clock_outvotes_a_stray_sample() -> None:
         received_at=1767225604.0,
     )
     assert clock.offset == settled and settled == pytest.approx(5.0, abs=0.1)
+
+
+def test_the_collector_is_paused_only_inside_and_only_if_it_was_on() -> None:
+    """collector_paused turns the cyclic GC off inside the block and back on after it,
+    also when the block raises; it leaves a collector that was already off off, and does
+    nothing when told not to."""
+    import gc
+
+    from watchd.kits.heap import collector_paused
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError), collector_paused():
+        raise ValueError
+    assert gc.isenabled()
+    with collector_paused(False):
+        assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 
@@ -21,9 +22,9 @@ from watchd.coder.models import (
 )
 from watchd.coder.wire import (
     Sighting,
+    WireChat,
     decode_frame,
     decode_listing,
-    decode_page,
     read_event,
     read_frame,
     read_page,
@@ -210,6 +211,10 @@ def test_fast_frame_decoding_agrees_with_the_tolerant_reader(frame: str | bytes)
         assert _outcome(read_frame, frame.encode()) == slow
 
 
+# Rows as full structs (the watch frame's chat): to_chat's input, decoded as a frame would be.
+_ROWS = msgspec.json.Decoder(list[WireChat])
+
+
 @pytest.mark.parametrize("chat", CHATS, ids=[str(i) for i in range(len(CHATS))])
 def test_fast_rows_agree_with_parse_chat(chat: dict[str, Any]) -> None:
     """A listing row decoded by the fast path is the record parse_chat builds, or is
@@ -218,8 +223,9 @@ def test_fast_rows_agree_with_parse_chat(chat: dict[str, Any]) -> None:
         slow: Any = parse_chat(chat)
     except PayloadError:
         slow = PayloadError
-    rows = decode_page(orjson.dumps([chat]))
-    if rows is None:
+    try:
+        rows = _ROWS.decode(orjson.dumps([chat]))
+    except (msgspec.DecodeError, RecursionError):
         return
     fast = to_chat(rows[0])
     if fast is not None:

@@ -15,7 +15,7 @@ from datetime import datetime
 from hashlib import sha256
 from typing import Protocol, TextIO
 
-from watchd.config.fields import format_duration
+from watchd.config.fields import duration_text, format_duration
 
 
 @dataclass(frozen=True)
@@ -85,21 +85,6 @@ def _measured_from_annotations(alert: Alert, fired_age: float) -> float:
         return alert.starts_at
 
 
-def _duration(seconds: float) -> str:
-    """format_duration, remembered by whole second (all it depends on): a burst's flush
-    says the same few durations for ten thousand alerts."""
-    whole = round(seconds)
-    text = _DURATIONS.get(whole)
-    if text is None:
-        if len(_DURATIONS) >= 4096:
-            _DURATIONS.clear()
-        text = _DURATIONS[whole] = format_duration(whole)
-    return text
-
-
-_DURATIONS: dict[int, str] = {}
-
-
 def live(alert: Alert, now: float) -> Alert:
     """The alert as of ``now``: time in status computed when rendered or sent, not frozen
     at fire time. A resolved alert's age stopped at its end."""
@@ -108,7 +93,7 @@ def live(alert: Alert, now: float) -> Alert:
     age = _age_at(alert, now)
     if age is None:
         return alert
-    old, new = alert.annotations.get("time_in_status", ""), _duration(age)
+    old, new = alert.annotations.get("time_in_status", ""), duration_text(age)
     seconds = f"{age:.0f}"
     if old == new and alert.annotations.get("time_in_status_seconds") == seconds:
         # Sent within the same second it was measured (a burst's first notification):

@@ -217,7 +217,7 @@ class CoderClient:
     ) -> AsyncIterator[list[Any]]:
         """The listing one page at a time, as decoded rows (parse them with
         :func:`parse_chat`); paged as :meth:`chat_pages` pages."""
-        async for page in self._pages(
+        async for page in self.chat_pages(
             archived=archived, labels=labels, listing=listing, compared=False
         ):
             yield page.full()
@@ -243,19 +243,6 @@ class CoderClient:
         a sweep past MAX_PAGES ends it *incomplete*: nothing may be inferred from what
         it lacks.
         """
-        async for page in self._pages(
-            archived=archived, labels=labels, listing=listing, compared=compared
-        ):
-            yield page
-
-    async def _pages(
-        self,
-        *,
-        archived: bool,
-        labels: dict[str, str] | None,
-        listing: Listing | None,
-        compared: bool,
-    ) -> AsyncIterator[ListingPage]:
         lst = listing if listing is not None else Listing()
         limit = self.page_size
         base: list[tuple[str, str]] = [("limit", str(limit))]

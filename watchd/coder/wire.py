@@ -96,7 +96,6 @@ class WireEvent(msgspec.Struct, gc=False):
 
 
 _event_decoder = msgspec.json.Decoder(WireEvent)
-_page_decoder = msgspec.json.Decoder(list[WireChat])
 _NO_CALLS: tuple[ToolCall, ...] = ()
 
 
@@ -126,14 +125,6 @@ def _to_event(w: WireEvent) -> WatchEvent | None:
         chat,
         tuple(ToolCall(c.tool_call_id or "", c.tool_name or "") for c in calls),
     )
-
-
-def decode_page(body: bytes) -> list[WireChat] | None:
-    """A listing page as rows, or None when only the tolerant reader can judge it."""
-    try:
-        return _page_decoder.decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        return None
 
 
 def to_chat(w: WireChat) -> Chat | None:

@@ -93,6 +93,21 @@ def format_duration(seconds: float, *, exact: bool = False) -> str:
     return "".join(parts[:2])
 
 
+def duration_text(seconds: float) -> str:
+    """:func:`format_duration` of the whole second (all it depends on), remembered: a
+    burst of ten thousand alerts says the same few durations."""
+    whole = round(seconds)
+    text = _DURATIONS.get(whole)
+    if text is None:
+        if len(_DURATIONS) >= 4096:
+            _DURATIONS.clear()
+        text = _DURATIONS[whole] = format_duration(whole)
+    return text
+
+
+_DURATIONS: dict[int, str] = {}
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

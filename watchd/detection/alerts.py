@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from watchd.alerting.model import Alert
-from watchd.config.fields import format_duration
+from watchd.config.fields import duration_text, format_duration
 from watchd.detection.budgets import ChatVerdict
 from watchd.detection.diagnosis import INVALID_HINT, Facts, hint
 from watchd.store.health import IdentityHealth
@@ -63,13 +63,13 @@ _SECONDS: dict[int, str] = {}
 
 
 class Renderer:
-    """Builds chat and identity alerts; remembers the label names and durations a burst
-    of ten thousand alerts would otherwise format ten thousand times."""
+    """Builds chat and identity alerts; remembers the label names a burst of ten
+    thousand alerts would otherwise format ten thousand times (durations are remembered
+    by :func:`watchd.config.fields.duration_text`)."""
 
     def __init__(self, *, link_template: str) -> None:
         self.link_template = link_template
         self._label_keys: dict[str, str] = {}  # chat label key -> alert label name
-        self._durations: dict[int, str] = {}
 
     def chat_alert(
         self,
@@ -108,8 +108,8 @@ class Renderer:
         out["owner"] = rec.owner
         out["chat_id"] = rec.chat_id
         title = rec.title or "(untitled)"
-        age_text = self.duration(age)
-        limit_text = self.duration(limit)
+        age_text = duration_text(age)
+        limit_text = duration_text(limit)
         if name == "ChatStalled":
             summary = (
                 f'Chat "{title}" has made no server-side progress for '
@@ -177,16 +177,6 @@ class Renderer:
             starts_at=since + limit,
             measured_at=measured_at,
         )
-
-    def duration(self, seconds: float) -> str:
-        """format_duration, remembered: a burst repeats the same few values."""
-        whole = round(seconds)
-        text = self._durations.get(whole)
-        if text is None:
-            if len(self._durations) > 4096:
-                self._durations.clear()
-            text = self._durations[whole] = format_duration(whole)
-        return text
 
 
 def identity_unhealthy(

@@ -13,7 +13,6 @@ timer itself except the retry after a failed re-read.
 from __future__ import annotations
 
 import asyncio
-import gc
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
@@ -33,6 +32,7 @@ from watchd.detection.ledger import ClockKey, Ledger
 from watchd.detection.timers import TimerHeap
 from watchd.kits import logs
 from watchd.kits.clock import WallClock
+from watchd.kits.heap import collector_paused
 from watchd.kits.tasks import spawn
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
@@ -315,11 +315,6 @@ class Confirming:
         invalid = self.ledger.invalid
         render = self.renderer.chat_alert
         deployment = w.health.deployment
-        # A burst allocates tens of thousands of acyclic objects in one synchronous pass:
-        # the cyclic collector would rescan the whole heap several times meanwhile.
-        collecting = gc.isenabled() and burst > 1
-        if collecting:
-            gc.disable()
 
         def rendered() -> Iterator[tuple[Alert, str, str | None]]:
             # Lazily: each alert is fired before the next is rendered, so a fingerprint
@@ -349,11 +344,9 @@ class Confirming:
                 fired.append(alert)
                 yield alert, rec.identity, rec.chat_id
 
-        try:
+        # A burst allocates tens of thousands of acyclic objects in one synchronous pass.
+        with collector_paused(burst > 1):
             self.ledger.fire_all(rendered(), quiet=burst > 1)
-        finally:
-            if collecting:
-                gc.enable()
         if burst > 1 and fired:
             names = Counter(a.name for a in fired)
             log.warning(
