@@ -60,6 +60,10 @@ class StateDB:
         # worker thread (sqlite releases the GIL), everything else on the event loop.
         self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()
+        # The whole notification log, read once here: a flush asks it before every send,
+        # and asking SQLite would wait on the loop for the lock that the state writer's
+        # worker thread holds through a burst's commit (half a second and more).
+        self._nflog_mem: dict[tuple[str, str], NflogEntry] = {}
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -68,6 +72,7 @@ class StateDB:
             self._db.execute(
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,)
             )
+            self._load_nflog()
         except BaseException:
             self._db.close()
             raise
@@ -76,7 +81,6 @@ class StateDB:
         self.failing_since: float | None = None  # wall time of the first failed write
         self.write_failures = 0
         self.last_write_error = ""
-        self._nflog_mem: dict[tuple[str, str], NflogEntry] = {}
         self._sweep_mem: dict[tuple[str, str, str], SweepEntry] = {}
         self._dirty: dict[tuple[str, str], ChatRecord | None] = {}
         # Alert and group state ride the same once-a-second transaction: a crash re-fires
@@ -277,16 +281,21 @@ class StateDB:
 
     # -- notification log: what each receiver was last told, per group ----------
 
+    def _load_nflog(self) -> None:
+        rows = self._db.execute(
+            "SELECT receiver, group_key, firing, resolved, sent_at, expires_at FROM nflog"
+        ).fetchall()
+        for receiver, group_key, *rest in rows:
+            try:
+                entry = nflog_entry(receiver, group_key, rest)
+            except ValueError:
+                continue  # unreadable: as if never sent (the group notifies again)
+            self._nflog_mem[(receiver, group_key)] = entry
+
     def nflog_get(self, receiver: str, group_key: str) -> NflogEntry | None:
-        mem = self._nflog_mem.get((receiver, group_key))
-        if mem is not None:
-            return mem
-        rows = self._query(
-            "SELECT firing, resolved, sent_at, expires_at FROM nflog "
-            "WHERE receiver=? AND group_key=?",
-            (receiver, group_key),
-        )
-        return nflog_entry(receiver, group_key, rows[0]) if rows else None
+        """From memory, which holds every entry (loaded at open, then kept with each
+        write): never waits for the state writer."""
+        return self._nflog_mem.get((receiver, group_key))
 
     def nflog_put(self, entry: NflogEntry) -> None:
         """Written only after a successful send: a failed flush is simply retried. Kept in
