@@ -591,6 +591,22 @@ async def test_a_burst_is_confirmed_exactly_settle_quiet_after_it_stops_growing(
         assert len(r.sink.alerts) == 12
 
 
+async def test_the_quiet_pause_is_counted_from_the_last_chat_that_came_due() -> None:
+    """Twelve chats due at t0 and one more 30 ms later are listed once, at exactly
+    SETTLE_QUIET after the last one came due (not at the next look of a fixed step)."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        await r.settle()
+        t0 = now()
+        for i in range(12):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        await asyncio.sleep(0.03)
+        r.see("c12", "running", r.clock.now() - 120)
+        await r.settle()
+        assert r.server.reads == [(round(t0 + 0.03 + SETTLE_QUIET, 6), "list")]
+        assert len(r.sink.alerts) == 13
+
+
 async def test_a_burst_that_keeps_growing_is_confirmed_at_settle_max() -> None:
     """A burst that grows by one due chat every 40 ms (under SETTLE_QUIET) is listed once,
     at exactly t0 + SETTLE_MAX: the settle gives up waiting, and confirms what it has."""

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import structlog
 
@@ -116,8 +116,7 @@ class LatePages:
                     self.waiting.append(key)
 
 
-@dataclass(frozen=True, slots=True)
-class Drafted:
+class Drafted(NamedTuple):
     """A due chat's verdict and alert as drafted from the record a page re-read."""
 
     rec: ChatRecord
@@ -263,17 +262,19 @@ class Confirming:
         """Chats that cross their budget together come due over a few milliseconds (or a
         second): wait while the burst is still growing or more deadlines are imminent, so
         it takes one listing, not one listing per slice (a listing of a large fleet takes
-        seconds). At most SETTLE_MAX."""
+        seconds). Quiet means SETTLE_QUIET since the last chat came due (each one sets
+        ``w.wake``), not a look every SETTLE_QUIET. At most SETTLE_MAX."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + SETTLE_MAX
-        seen = len(w.pending)
-        while loop.time() < give_up:
-            await asyncio.sleep(SETTLE_QUIET)
+        while (left := give_up - loop.time()) > 0:
+            w.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(SETTLE_QUIET, left)):
+                    await w.wake.wait()
+                continue  # another came due: quiet from now
             nxt = self.timers.next_deadline()
-            imminent = nxt is not None and nxt - self.wall.now() < SETTLE_LOOKAHEAD
-            if len(w.pending) == seen and not imminent:
+            if nxt is None or nxt - self.wall.now() >= SETTLE_LOOKAHEAD:
                 return
-            seen = len(w.pending)
 
     async def _by_listing(self, w: Watched, batch: list[ClockKey]) -> None:
         self.counters["confirm_listing"] += 1
