@@ -38,6 +38,11 @@ from watchd.store.rows import (
     sweep_row,
 )
 
+# A batched write waits while a large notification is being built and sent (at most this
+# long): the writer's worker thread serialising a burst's rows and the POST of its
+# megabytes of body would otherwise share the interpreter in the same second.
+HOLD_MAX = 2.0
+
 _Batch = tuple[
     dict[tuple[str, str], ChatRecord | None], dict[str, StoredAlert | None], dict[Any, Body | None]
 ]
@@ -84,11 +89,15 @@ class StateDB:
         self._sweep_mem: dict[tuple[str, str, str], SweepEntry] = {}
         self._dirty: dict[tuple[str, str], ChatRecord | None] = {}
         # Alert and group state ride the same once-a-second transaction: a crash re-fires
-        # at most a second's worth, and the notification log (written synchronously after
-        # every send) keeps that from paging twice.
+        # at most a second's worth (up to HOLD_MAX more while a burst's notification is on
+        # the wire), and the notification log (written synchronously after every send)
+        # keeps that from paging twice.
         # Serialised at flush time, not when queued: a burst of alerts costs one pass.
         self._alerts: dict[str, StoredAlert | None] = {}
         self._dispatch: dict[tuple[str, str, str], Body | None] = {}
+        self._holds = 0  # large notifications being sent now (see holding())
+        self._unheld = asyncio.Event()
+        self._unheld.set()
 
     @classmethod
     def open(cls, path: str | Path) -> StateDB:
@@ -178,11 +187,30 @@ class StateDB:
         with self._lock:
             return self._write_or_restore(self._take())
 
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """While a large notification is built and sent: :meth:`flush_async` waits for it
+        to end, at most HOLD_MAX (then writes anyway). Nothing pending is dropped; it is
+        written a little later."""
+        self._holds += 1
+        self._unheld.clear()
+        try:
+            yield
+        finally:
+            self._holds -= 1
+            if not self._holds:
+                self._unheld.set()
+
     async def flush_async(self) -> int:
         """Write what is pending in a worker thread, so a burst (ten thousand alerts and
-        their groups) does not stall the event loop while it commits."""
+        their groups) does not stall the event loop while it commits; after any large
+        notification being sent now (:meth:`holding`, at most HOLD_MAX)."""
         if not (self._dirty or self._alerts or self._dispatch):
             return 0
+        if self._holds:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(HOLD_MAX):
+                    await self._unheld.wait()
         # Taken under the lock on the loop thread and written before it is released, so a
         # later flush can never commit older data over newer.
         self._lock.acquire()
