@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from watchd.alerting.model import Alert
 from watchd.coder.errors import CoderError
-from watchd.coder.models import Chat, ChatId, WorkspaceBuild
+from watchd.coder.models import Chat, ChatError, ChatId, WorkspaceBuild
 from watchd.config.watching import Budgets
 from watchd.detection.confirming import BURST_LOOKUPS, SETTLE_MAX, SETTLE_QUIET
 from watchd.detection.detector import Detector
@@ -590,6 +591,22 @@ async def test_a_burst_is_confirmed_exactly_settle_quiet_after_it_stops_growing(
         assert len(r.sink.alerts) == 12
 
 
+async def test_the_quiet_pause_is_counted_from_the_last_chat_that_came_due() -> None:
+    """Twelve chats due at t0 and one more 30 ms later are listed once, at exactly
+    SETTLE_QUIET after the last one came due (not at the next look of a fixed step)."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        await r.settle()
+        t0 = now()
+        for i in range(12):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        await asyncio.sleep(0.03)
+        r.see("c12", "running", r.clock.now() - 120)
+        await r.settle()
+        assert r.server.reads == [(round(t0 + 0.03 + SETTLE_QUIET, 6), "list")]
+        assert len(r.sink.alerts) == 13
+
+
 async def test_a_burst_that_keeps_growing_is_confirmed_at_settle_max() -> None:
     """A burst that grows by one due chat every 40 ms (under SETTLE_QUIET) is listed once,
     at exactly t0 + SETTLE_MAX: the settle gives up waiting, and confirms what it has."""
@@ -770,3 +787,148 @@ async def test_a_burst_arms_as_its_changes_one_at_a_time_would(tmp_path: Path) -
     finally:
         a.close()
         b.close()
+
+
+# -- alerts drafted while the confirmation listing's pages arrive (issue 18) ------------
+
+
+def _paged(
+    r: Rig, *, size: int, between: Callable[[int], None] | None = None
+) -> Callable[..., Coroutine[Any, Any, None]]:
+    """A listing of the server's chats in pages of ``size``, each page applied to the store
+    and told to ``on_page`` before the next is "asked for" (10 ms of loop time later)."""
+
+    async def relist(*, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
+        r.server.lists += 1
+        chats = list(r.server.chats.values())
+        present: set[str] = set()
+        for n, start in enumerate(range(0, len(chats), size)):
+            now = r.clock.now()
+            changes = []
+            for chat in chats[start : start + size]:
+                present.add(chat.id)
+                change = r.store.observe("a", chat, now=now, via="listing")
+                if change is not None:
+                    changes.append(change)
+            if changes:
+                r.det.apply("a", changes)
+            if on_page is not None:
+                on_page(present)
+            if between is not None:
+                between(n)
+            await asyncio.sleep(0.01)
+
+    return relist
+
+
+def _varied(r: Rig, n: int) -> None:
+    """``n`` overdue chats with every detail an alert can carry, in turn."""
+    now = r.clock.now()
+    for i in range(n):
+        extra: dict[str, Any] = {}
+        if i % 2:
+            extra.update(mode="orchestrator", client_type="api", warnings=("a", "b"))
+        if i % 3 == 0:
+            extra.update(workspace_id=f"ws-{i % 4}", labels=(("team x", "y"), ("k", str(i))))
+        if i % 4 == 1:
+            extra.update(
+                last_error=ChatError("boom", kind="overloaded", provider="p", status_code=529),
+                context_error="too long",
+                parent_chat_id="p1",
+            )
+        if i % 5 == 2:
+            extra.update(queued_for_capacity=True)
+        status = "requires_action" if i % 7 == 3 else "running"
+        r.see(f"c{i:02}", status, now - 120 - i, **extra)
+
+
+Fired = tuple[str, list[tuple[str, str]], list[tuple[str, str]], float, float | None, float | None]
+
+
+async def _burst_fired(*, moves: bool = False) -> tuple[list[Fired], int]:
+    """A burst of varied chats (two clocks each) confirmed by a paged listing: what fired
+    (every field, annotations in order) and how many alerts the fire pass rendered whole."""
+    async with rig(Budgets(running=60, stalled=90), listing_threshold=5) as r:
+        r.ready()
+        r.health.set_state("seeding")
+        _varied(r, 24)
+        r.det.note_invalid("a", "c05", "Chat is in an invalid state.")
+        w = r.det.watched["a"]
+
+        def between(page: int) -> None:
+            if moves and page == 1:  # chats that page 0 read move before the listing ends
+                chat = replace(r.server.chats["c00"], title="renamed")
+                r.server.chats["c00"] = chat
+                change = r.store.observe("a", chat, now=r.clock.now(), via="watch")
+                assert change is not None
+                r.det.apply("a", [change])
+                r.see("c01", "waiting", r.clock.now())
+
+        w.confirmer.relist = _paged(r, size=5, between=between)  # type: ignore[method-assign]
+        whole = 0
+        chat_alert = r.det.renderer.chat_alert
+
+        def counted(*args: object, **kw: object) -> Alert:
+            nonlocal whole
+            whole += 1
+            return chat_alert(*args, **kw)  # type: ignore[arg-type]
+
+        r.det.renderer.chat_alert = counted  # type: ignore[method-assign]
+        r.ready()
+        await r.settle()
+        await r.settle()
+        assert (r.server.lists, r.server.gets) == (1, 0)
+        fired: list[Fired] = [
+            (
+                a.fingerprint,
+                list(a.labels.items()),
+                list(a.annotations.items()),
+                a.starts_at,
+                a.ends_at,
+                a.measured_at,
+            )
+            for a in r.sink.alerts
+        ]
+        return fired, whole
+
+
+async def test_alerts_drafted_during_the_listing_are_the_alerts_rendered_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst whose alerts were drafted as the listing's pages arrived fires the very
+    alerts (same order, labels, annotations in order, times) that rendering each after the
+    listing fires, and renders none of them whole after it."""
+    from watchd.detection import confirming
+
+    drafted, whole = await _burst_fired()
+    assert whole == 0 and len(drafted) >= 40  # ChatStuck/Stranded and ChatStalled each
+
+    def no_drafts(self: confirming.Drafting, present: AbstractSet[str]) -> None:
+        return None
+
+    monkeypatch.setattr(confirming.Drafting, "seen", no_drafts)
+    rendered, whole = await _burst_fired()
+    assert whole == len(rendered)
+    assert drafted == rendered
+
+
+async def test_a_chat_that_moves_after_its_page_is_judged_on_its_record_at_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chat drafted from an early page that the watch stream then moves is judged on its
+    record when the listing ends, as without drafts: retitled it fires with its new title,
+    gone waiting it does not fire."""
+    from watchd.detection import confirming
+
+    drafted, whole = await _burst_fired(moves=True)
+    assert whole >= 1  # c00's record moved: its draft is not used
+    by_chat = {dict(f[1])["chat_id"]: f[2] for f in drafted}
+    assert "c01" not in by_chat
+    assert dict(by_chat["c00"])["title"] == "renamed"
+
+    def no_drafts(self: confirming.Drafting, present: AbstractSet[str]) -> None:
+        return None
+
+    monkeypatch.setattr(confirming.Drafting, "seen", no_drafts)
+    rendered, _ = await _burst_fired(moves=True)
+    assert drafted == rendered

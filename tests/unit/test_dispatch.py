@@ -319,10 +319,59 @@ async def test_an_alert_past_the_group_limit_is_counted_not_lost_silently(
     """At the aggregation-group limit an alert needing a new group is counted (group
     overflow and the receiver's dropped), and the groups that exist still deliver."""
     monkeypatch.setattr(dispatch_module, "MAX_GROUPS", 1)
-    route = {"receiver": "r", "group_wait": "30s", "group_by": ["alertname"]}
+    route: dict[str, object] = {"receiver": "r", "group_wait": "30s", "group_by": ["alertname"]}
     async with dispatcher(tmp_path, route=route) as (d, rec, _):
         d.put(alert("1", name="ChatStuck"))
         d.put(alert("2", name="ChatErrored"))
         await asyncio.sleep(WAIT + 1)
         assert (d.group_overflow, d.stats["r"].dropped) == (1, 1)
         assert rec.at == [WAIT] and rec.sent[0].alerts[0].labels["alertname"] == "ChatStuck"
+
+
+async def test_a_large_notification_holds_the_state_writer_off_while_it_is_sent(
+    tmp_path: Path,
+) -> None:
+    """A notification of HOLD_WRITES_AT alerts or more is built and sent with the batched
+    state write held off (not one of fewer); a write that waits starts as soon as the send
+    ends, and never waits longer than HOLD_MAX."""
+    from watchd.alerting.dispatch import HOLD_WRITES_AT
+    from watchd.store.persistence import HOLD_MAX
+    from watchd.store.records import ChatRecord
+
+    held: list[bool] = []
+    rec = Recorder()
+    notify = rec.notify
+
+    async def slow_notify(n: Notification) -> None:
+        held.append(bool(db._holds))
+        await asyncio.sleep(0.5)  # the POST of a burst's body
+        await notify(n)
+
+    rec.notify = slow_notify  # type: ignore[method-assign]
+    route: dict[str, object] = {
+        "receiver": "r",
+        "group_by": ["chat_id"],
+        "group_wait": "0s",
+        "group_interval": "1m",
+    }
+    async with dispatcher(tmp_path, rec=rec, route=route) as (d, _, db):
+        d.put(alert("small"))
+        await asyncio.sleep(1)
+        route_all = {"receiver": "r", "group_wait": "0s", "group_interval": "1m"}
+        d.route = routing.build(RouteConfig.model_validate(route_all))
+        for i in range(HOLD_WRITES_AT):
+            d.put(alert(f"big-{i}"))
+        for _ in range(10):  # a few loop turns: the group's flush starts sending the body
+            await asyncio.sleep(0)
+        assert db._holds == 1
+        db.mark(ChatRecord("a", "c1", "running", 1.0, "transition", 1.0, 1.0))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        assert await db.flush_async() > 0
+        assert round(loop.time() - t0, 3) == 0.5  # waited for the send, no longer
+        assert held == [False, True] and db._holds == 0
+        with db.holding():  # a send that never ends: the write goes ahead after HOLD_MAX
+            db.mark(ChatRecord("a", "c2", "running", 1.0, "transition", 1.0, 1.0))
+            t0 = loop.time()
+            assert await db.flush_async() == 1
+            assert round(loop.time() - t0, 3) == HOLD_MAX

@@ -113,3 +113,38 @@ async def test_state_reset_is_announced_after_a_corrupt_start(tmp_path: Path) ->
         assert ".corrupt-" in sink.alerts[0].annotations["summary"]
     finally:
         db.close()
+
+
+def test_the_notification_log_is_read_without_waiting_for_the_state_writer(
+    tmp_path: Path,
+) -> None:
+    """Entries written before a restart are found after it (an unreadable one as never
+    sent), and reading one never waits for the lock the state writer holds through a
+    commit: a flush asks before every send, on the event loop."""
+    import threading
+
+    path = tmp_path / "watchd.sqlite3"
+    entry = NflogEntry("hook", "g1", frozenset({"fp1", "fp2"}), frozenset({"fp0"}), 1.0, 9e9)
+    db = StateDB(path)
+    db.nflog_put(entry)
+    db.nflog_put(NflogEntry("hook", "bad", frozenset(), frozenset(), 1.0, 9e9))
+    with db._lock:
+        db._db.execute("UPDATE nflog SET firing='not json' WHERE group_key='bad'")
+    db.close()
+    db = StateDB(path)
+    got: list[object] = []
+    with db._lock:  # the state writer's worker thread, mid-commit
+        reader = threading.Thread(
+            target=lambda: got.extend(
+                [
+                    db.nflog_get("hook", "g1"),
+                    db.nflog_get("hook", "g2"),
+                    db.nflog_get("hook", "bad"),
+                ]
+            )
+        )
+        reader.start()
+        reader.join(5)
+        assert not reader.is_alive()
+    assert got == [entry, None, None]
+    db.close()

@@ -40,6 +40,10 @@ MAX_GROUPS = 10_000
 MAX_ALERTS_PER_GROUP = 10_000
 # One flush (with its retries) may take at most this long; the next flush retries.
 MAX_FLUSH = 60.0
+# A notification of this many alerts (a megabyte of webhook body) is sent with the state
+# writer held off (StateDB.holding): a burst's POST and the burst's commit in the writer's
+# thread would share the interpreter.
+HOLD_WRITES_AT = 1_000
 
 
 @dataclass
@@ -197,16 +201,19 @@ class Dispatcher:
         )
         loop = asyncio.get_running_loop()
         first_attempt = loop.time()
-        if not await stages.retry_notify(
-            notification,
-            notifier=notifier,
-            throttle=self.limiters[receiver].acquire,
-            stats=stats,
-            now=self.wall.now,
-            budget=deadline
-            if deadline is not None
-            else min(MAX_FLUSH, max(5.0, group.route.group_interval)),
-        ):
+        large = len(notification.alerts) >= HOLD_WRITES_AT
+        with self.db.holding() if large else contextlib.nullcontext():
+            sent = await stages.retry_notify(
+                notification,
+                notifier=notifier,
+                throttle=self.limiters[receiver].acquire,
+                stats=stats,
+                now=self.wall.now,
+                budget=deadline
+                if deadline is not None
+                else min(MAX_FLUSH, max(5.0, group.route.group_interval)),
+            )
+        if not sent:
             return False
         took = loop.time() - first_attempt
         await stages.record(

@@ -38,6 +38,11 @@ from watchd.store.rows import (
     sweep_row,
 )
 
+# A batched write waits while a large notification is being built and sent (at most this
+# long): the writer's worker thread serialising a burst's rows and the POST of its
+# megabytes of body would otherwise share the interpreter in the same second.
+HOLD_MAX = 2.0
+
 _Batch = tuple[
     dict[tuple[str, str], ChatRecord | None], dict[str, StoredAlert | None], dict[Any, Body | None]
 ]
@@ -60,6 +65,10 @@ class StateDB:
         # worker thread (sqlite releases the GIL), everything else on the event loop.
         self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()
+        # The whole notification log, read once here: a flush asks it before every send,
+        # and asking SQLite would wait on the loop for the lock that the state writer's
+        # worker thread holds through a burst's commit (half a second and more).
+        self._nflog_mem: dict[tuple[str, str], NflogEntry] = {}
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -68,6 +77,7 @@ class StateDB:
             self._db.execute(
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,)
             )
+            self._load_nflog()
         except BaseException:
             self._db.close()
             raise
@@ -76,15 +86,18 @@ class StateDB:
         self.failing_since: float | None = None  # wall time of the first failed write
         self.write_failures = 0
         self.last_write_error = ""
-        self._nflog_mem: dict[tuple[str, str], NflogEntry] = {}
         self._sweep_mem: dict[tuple[str, str, str], SweepEntry] = {}
         self._dirty: dict[tuple[str, str], ChatRecord | None] = {}
         # Alert and group state ride the same once-a-second transaction: a crash re-fires
-        # at most a second's worth, and the notification log (written synchronously after
-        # every send) keeps that from paging twice.
+        # at most a second's worth (up to HOLD_MAX more while a burst's notification is on
+        # the wire), and the notification log (written synchronously after every send)
+        # keeps that from paging twice.
         # Serialised at flush time, not when queued: a burst of alerts costs one pass.
         self._alerts: dict[str, StoredAlert | None] = {}
         self._dispatch: dict[tuple[str, str, str], Body | None] = {}
+        self._holds = 0  # large notifications being sent now (see holding())
+        self._unheld = asyncio.Event()
+        self._unheld.set()
 
     @classmethod
     def open(cls, path: str | Path) -> StateDB:
@@ -174,11 +187,30 @@ class StateDB:
         with self._lock:
             return self._write_or_restore(self._take())
 
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """While a large notification is built and sent: :meth:`flush_async` waits for it
+        to end, at most HOLD_MAX (then writes anyway). Nothing pending is dropped; it is
+        written a little later."""
+        self._holds += 1
+        self._unheld.clear()
+        try:
+            yield
+        finally:
+            self._holds -= 1
+            if not self._holds:
+                self._unheld.set()
+
     async def flush_async(self) -> int:
         """Write what is pending in a worker thread, so a burst (ten thousand alerts and
-        their groups) does not stall the event loop while it commits."""
+        their groups) does not stall the event loop while it commits; after any large
+        notification being sent now (:meth:`holding`, at most HOLD_MAX)."""
         if not (self._dirty or self._alerts or self._dispatch):
             return 0
+        if self._holds:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(HOLD_MAX):
+                    await self._unheld.wait()
         # Taken under the lock on the loop thread and written before it is released, so a
         # later flush can never commit older data over newer.
         self._lock.acquire()
@@ -277,16 +309,21 @@ class StateDB:
 
     # -- notification log: what each receiver was last told, per group ----------
 
+    def _load_nflog(self) -> None:
+        rows = self._db.execute(
+            "SELECT receiver, group_key, firing, resolved, sent_at, expires_at FROM nflog"
+        ).fetchall()
+        for receiver, group_key, *rest in rows:
+            try:
+                entry = nflog_entry(receiver, group_key, rest)
+            except ValueError:
+                continue  # unreadable: as if never sent (the group notifies again)
+            self._nflog_mem[(receiver, group_key)] = entry
+
     def nflog_get(self, receiver: str, group_key: str) -> NflogEntry | None:
-        mem = self._nflog_mem.get((receiver, group_key))
-        if mem is not None:
-            return mem
-        rows = self._query(
-            "SELECT firing, resolved, sent_at, expires_at FROM nflog "
-            "WHERE receiver=? AND group_key=?",
-            (receiver, group_key),
-        )
-        return nflog_entry(receiver, group_key, rows[0]) if rows else None
+        """From memory, which holds every entry (loaded at open, then kept with each
+        write): never waits for the state writer."""
+        return self._nflog_mem.get((receiver, group_key))
 
     def nflog_put(self, entry: NflogEntry) -> None:
         """Written only after a successful send: a failed flush is simply retried. Kept in
