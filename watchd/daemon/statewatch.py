@@ -1,7 +1,8 @@
 """The state flusher, and what it says when state cannot be kept.
 
 Once a second the pending state (chat clocks, alerts, group state) is committed off the
-loop. When a write fails — disk full, read-only filesystem, I/O error — the daemon keeps
+loop (up to ``StateDB``'s HOLD_MAX later while a notification of a thousand alerts or
+more is being sent, so the commit and the POST do not share the interpreter). When a write fails — disk full, read-only filesystem, I/O error — the daemon keeps
 watching and alerting: the batch stays pending, the flush is retried with backoff (1 s
 doubling to 60 s), every failure is counted, and **StateNotPersisted** (critical) fires
 until a write succeeds again (a small probe write while nothing is pending). When the
