@@ -199,6 +199,22 @@ PAGES: list[bytes] = [
     _body(_row("c1", updated="2026-11-29T10:00:00.000000999Z")),  # finer than microseconds
     _body(_row("c1", updated="2026-11-29T12:00:00+02:00")),  # the same instant at an offset
     _body(_row("c1", updated="2026-11-29T10:00:00.5-00:30")),
+    # Spellings the stamp check must read exactly as models.timestamp does (same
+    # instant, other instants, or not a stamp at all to one of the two readers).
+    _body(_row("c1", updated="2026-11-29T10:00:00.0000001Z")),
+    _body(_row("c1", updated="2026-11-29T10:00:00.9999999Z")),
+    _body(_row("c1", updated="2026-11-29T09:59:59.9999999Z")),
+    _body(_row("c1", updated="2026-11-29 10:00:00Z")),
+    _body(_row("c1", updated="2026-11-29t10:00:00z")),
+    _body(_row("c1", updated="2026-11-29T10:00:00,0Z")),
+    _body(_row("c1", updated="20261129T100000Z")),
+    _body(_row("c1", updated="2026-11-29T10:00Z")),
+    _body(_row("c1", updated="2026-11-29")),
+    _body(_row("c1", updated="2026-11-29T09:59:60Z")),
+    _body(_row("c1", updated="2026-11-29T10:00:00+00:00:00")),
+    _body(_row("c1", updated="2026-11-29T10:00:00-00:00")),
+    _body(_row("c1", updated="2026-11-29T10:00:00 ")),
+    _body(_row("c1", updated="２０２６-11-29T10:00:00Z")),
     _body(_row("c1", archived=False), _row("c2", archived=None), _row("c3", archived="yes")),
     _body(_row("c1", queued_for_capacity=None), _row("q1", queued_for_capacity=False)),
     _body(_row("q1"), _row("q1", queued_for_capacity=True)),

@@ -106,9 +106,9 @@ class CoderClient:
         retry: bool = True,
         max_body: int = MAX_BODY,
     ) -> Response:
-        backoff = Backoff(base=0.5, cap=20.0, rng=self._rng)
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + self.deadline
+        backoff: Backoff | None = None
         attempt = 0
         while True:
             attempt += 1
@@ -121,6 +121,8 @@ class CoderClient:
                     self.on_refused(exc)
                 if not retry or not exc.retryable or attempt >= self.attempts:
                     raise
+                if backoff is None:  # most calls never retry
+                    backoff = Backoff(base=0.5, cap=20.0, rng=self._rng)
                 delay = backoff.next()
                 if exc.retry_after is not None:
                     delay = max(delay, exc.retry_after)
@@ -132,6 +134,8 @@ class CoderClient:
 
     async def resolve_prefix(self, *, force: bool = False) -> str:
         """The API prefix that serves chats on this deployment (cached)."""
+        if not force and self._prefix is not None and not self._probe_lock.locked():
+            return self._prefix  # what taking the free lock would answer at once
         async with self._probe_lock:
             if self._prefix is not None and not force:
                 return self._prefix

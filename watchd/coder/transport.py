@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -37,9 +38,23 @@ HANDSHAKE_TIMEOUT = 30.0
 
 log = logs.get("watchd.coder")
 
+# What ``urlencode`` (``quote_plus``) leaves as it is: a query made only of these (every
+# listing page's: ``limit``, a chat-UUID cursor) is joined directly.
+_PLAIN = re.compile(r"[A-Za-z0-9_.~-]*")
+
 
 class OversizeResponse(PayloadError):
     """A response body longer than the bound for its kind of request."""
+
+
+def query(params: list[tuple[str, str]]) -> str:
+    """``urlencode(params)``: the same text, joined directly when no key or value needs
+    quoting (a listing page's ``limit`` and cursor), encoded by ``urlencode`` otherwise."""
+    plain = _PLAIN.fullmatch
+    for key, value in params:
+        if not (plain(key) and plain(value)):
+            return urlencode(params)
+    return "&".join([f"{key}={value}" for key, value in params])
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +99,8 @@ class Transport:
         self.server_clock = server_clock or ServerClock()
         self.limiter = limiter or RateLimiter(rate=6.0, burst=30)
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, 10.0))
+        # Nothing is built for events nobody will read (the daemon without own_events).
+        self._quiet = type(self._events) is NullSink
         self._ids = itertools.count(1)
         self.requests = 0
         self.handshake_timeout = HANDSHAKE_TIMEOUT
@@ -117,18 +134,20 @@ class Transport:
         """One HTTP exchange. Non-2xx answers raise :class:`CoderError` (with hints); a
         body over ``max_body`` bytes raises :class:`OversizeResponse` (counted)."""
         await self.limiter.acquire()
-        full_path = path + ("?" + urlencode(params) if params else "")
+        full_path = path + ("?" + query(params) if params else "")
         rid = f"{self.identity}-{next(self._ids)}"
         self.requests += 1
-        self._emit(
-            {
-                "type": "http:request",
-                "timestamp": now_ms(),
-                "id": rid,
-                "method": method,
-                "path": full_path,
-            }
-        )
+        quiet = self._quiet
+        if not quiet:
+            self._emit(
+                {
+                    "type": "http:request",
+                    "timestamp": now_ms(),
+                    "id": rid,
+                    "method": method,
+                    "path": full_path,
+                }
+            )
         sent_wall = self.server_clock.wall_now()
         started = time.monotonic()
         try:
@@ -141,7 +160,7 @@ class Transport:
                 allow_redirects=False,
             ) as resp:
                 status = resp.status
-                headers = {k: v for k, v in resp.headers.items()}
+                headers = dict(resp.headers.items())
                 body = await self._read(resp, max_body)
         except OversizeResponse as exc:
             self.oversize += 1
@@ -165,18 +184,19 @@ class Transport:
             headers.get("Date"), sent_at=sent_wall, received_at=self.server_clock.wall_now()
         )
         ok = 200 <= status < 300
-        self._emit(
-            {
-                "type": "http:response",
-                "timestamp": now_ms(),
-                "id": rid,
-                "method": method,
-                "path": full_path,
-                "status": status,
-                "ok": ok,
-                "durationMs": round(duration, 1),
-            }
-        )
+        if not quiet:
+            self._emit(
+                {
+                    "type": "http:response",
+                    "timestamp": now_ms(),
+                    "id": rid,
+                    "method": method,
+                    "path": full_path,
+                    "status": status,
+                    "ok": ok,
+                    "durationMs": round(duration, 1),
+                }
+            )
         response = Response(status=status, headers=headers, body=body)
         if not ok:
             hint = retry_hint(headers, server_now=self.server_clock.now())

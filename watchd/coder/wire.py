@@ -288,7 +288,7 @@ def read_page(body: bytes, *, compared: bool = True) -> ListingPage:
     rows = decode_listing(body) if compared else None
     if rows is not None:
         ids = [r.id for r in rows]
-        if None in ids or "" in ids:
+        if not all(ids):  # an id that is None or ""
             i = next(i for i, cid in enumerate(ids) if not cid)
             raise PayloadError(f"chats[{i}].id", "missing or not a string")
         return ListingPage(body, rows=rows, ids=cast("list[str]", ids))

@@ -24,18 +24,36 @@ class RateLimiter:
         self._tokens = float(burst)
         self._stamp: float | None = None
         self._lock = asyncio.Lock()
+        # Callers inside or queued for the lock (who waits, waits in turn).
+        self._queued = 0
 
     async def acquire(self) -> None:
-        async with self._lock:
-            loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        if not self._queued:
+            # Nobody ahead: take a token now if there is one, as the locked path below
+            # would at once (nothing awaits between the check and the take). Called for
+            # every request, this skips the lock's context manager.
             now = loop.time()
             if self._stamp is None:
                 self._stamp = now
-            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
-            self._stamp = now
-            if self._tokens < 1.0:
-                wait = (1.0 - self._tokens) / self.rate
-                await asyncio.sleep(wait)
-                self._tokens = 1.0
-                self._stamp = loop.time()
-            self._tokens -= 1.0
+            tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+            if tokens >= 1.0:
+                self._tokens = tokens - 1.0
+                self._stamp = now
+                return
+        self._queued += 1
+        try:
+            async with self._lock:
+                now = loop.time()
+                if self._stamp is None:
+                    self._stamp = now
+                self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+                self._stamp = now
+                if self._tokens < 1.0:
+                    wait = (1.0 - self._tokens) / self.rate
+                    await asyncio.sleep(wait)
+                    self._tokens = 1.0
+                    self._stamp = loop.time()
+                self._tokens -= 1.0
+        finally:
+            self._queued -= 1
