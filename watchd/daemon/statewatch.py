@@ -2,12 +2,13 @@
 
 Once a second the pending state (chat clocks, alerts, group state) is committed off the
 loop (up to ``StateDB``'s HOLD_MAX later while a notification of a thousand alerts or
-more is being sent, so the commit and the POST do not share the interpreter). When a write fails — disk full, read-only filesystem, I/O error — the daemon keeps
-watching and alerting: the batch stays pending, the flush is retried with backoff (1 s
-doubling to 60 s), every failure is counted, and **StateNotPersisted** (critical) fires
-until a write succeeds again (a small probe write while nothing is pending). When the
-database was found corrupt at start and moved aside, **StateReset** says so for an hour,
-so that nobody is surprised by notifications sent again for incidents already known.
+more is being sent, so the commit and the POST do not share the interpreter). When a
+write fails — disk full, read-only filesystem, I/O error — the daemon keeps watching and
+alerting: the batch stays pending, the flush is retried with backoff (1 s doubling to
+60 s), every failure is counted, and **StateNotPersisted** (critical) fires until a write
+succeeds again (a small probe write while nothing is pending). When the database was
+found corrupt at start and moved aside, **StateReset** says so for an hour, so that
+nobody is surprised by notifications sent again for incidents already known.
 """
 
 from __future__ import annotations
