@@ -16,6 +16,7 @@ from watchd.alerting.model import Alert
 from watchd.coder.errors import CoderError
 from watchd.coder.models import Chat, ChatError, ChatId, WorkspaceBuild
 from watchd.config.watching import Budgets
+from watchd.detection.alerts import Draft
 from watchd.detection.confirming import BURST_LOOKUPS, SETTLE_MAX, SETTLE_QUIET
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
@@ -864,16 +865,24 @@ async def _burst_fired(*, moves: bool = False) -> tuple[list[Fired], int]:
                 r.det.apply("a", [change])
                 r.see("c01", "waiting", r.clock.now())
 
-        w.confirmer.relist = _paged(r, size=5, between=between)  # type: ignore[method-assign]
+        paged = _paged(r, size=5, between=between)
+        listed = False
+
+        async def relist(*, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
+            nonlocal listed
+            await paged(on_page=on_page)
+            listed = True
+
+        w.confirmer.relist = relist  # type: ignore[method-assign]
         whole = 0
-        chat_alert = r.det.renderer.chat_alert
+        draft = r.det.renderer.draft
 
-        def counted(*args: object, **kw: object) -> Alert:
+        def counted(*args: object, **kw: object) -> Draft:
             nonlocal whole
-            whole += 1
-            return chat_alert(*args, **kw)  # type: ignore[arg-type]
+            whole += listed  # drafted only after the listing: rendered whole by the pass
+            return draft(*args, **kw)  # type: ignore[arg-type]
 
-        r.det.renderer.chat_alert = counted  # type: ignore[method-assign]
+        r.det.renderer.draft = counted  # type: ignore[method-assign]
         r.ready()
         await r.settle()
         await r.settle()

@@ -430,7 +430,7 @@ class Confirming:
             facts.append(got)
         fired: list[Alert] = []
         invalid = self.ledger.invalid
-        render = self.renderer.chat_alert
+        draft_of = self.renderer.draft
         finish = self.renderer.finish
         template = self.renderer.link_template
         deployment = w.health.deployment
@@ -438,40 +438,35 @@ class Confirming:
         def rendered() -> Iterator[tuple[Alert, str, str | None]]:
             # Lazily: each alert is fired before the next is rendered, so a fingerprint
             # fired earlier in the pass is seen as firing.
-            for (rec, clock, past, since, fp, draft), got in zip(due, facts, strict=True):
+            for (rec, clock, past, since, fp, drafted), got in zip(due, facts, strict=True):
                 # The record may have moved while we gathered facts.
                 current = self.store.get(rec.identity, rec.chat_id)
                 if current is None or current.status != rec.status or current.since != rec.since:
                     continue
                 if fp in firing:
                     continue
-                if draft is not None and draft.template is template:
-                    alert = finish(
-                        draft,
-                        age=past.age,
-                        facts=got,
-                        fp=fp,
-                        clock=clock,
-                        measured_at=self.wall.now(),
-                        invalid=invalid.get(rec.key) if invalid else None,
-                        burst=burst,
-                    )
-                else:
-                    alert = render(
+                draft = drafted
+                if draft is None or draft.template is not template:
+                    # Not drafted during the listing (or under another link template):
+                    # drafted now, so ``finish`` is Renderer.chat_alert either way.
+                    draft = draft_of(
                         rec,
                         deployment=deployment,
                         labels=w.labels,
                         name=past.alert,
-                        age=past.age,
                         limit=past.budget,
                         since=since,
-                        facts=got,
-                        fp=fp,
-                        clock=clock,
-                        measured_at=self.wall.now(),
-                        invalid=invalid.get(rec.key) if invalid else None,
-                        burst=burst,
                     )
+                alert = finish(
+                    draft,
+                    age=past.age,
+                    facts=got,
+                    fp=fp,
+                    clock=clock,
+                    measured_at=self.wall.now(),
+                    invalid=invalid.get(rec.key) if invalid else None,
+                    burst=burst,
+                )
                 fired.append(alert)
                 yield alert, rec.identity, rec.chat_id
 
