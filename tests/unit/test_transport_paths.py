@@ -65,12 +65,27 @@ async def test_listing_requests_reach_the_server_as_before(
     assert [e["path"] for e in events.of_type("http:response")] == paths
 
 
-def test_a_null_sink_builds_no_events() -> None:
-    """Without a sink that keeps events (own_events off), the transport builds none."""
-    assert Transport(base_url="http://x", token="t", session=None)._quiet  # type: ignore[arg-type]
-    quiet = Transport(base_url="http://x", token="t", session=None, events=NullSink())  # type: ignore[arg-type]
-    loud = Transport(base_url="http://x", token="t", session=None, events=RecordingSink())  # type: ignore[arg-type]
-    assert quiet._quiet and not loud._quiet
+async def test_a_null_sink_builds_no_events(
+    sim: Sim, session: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a sink that keeps events (none given, or own_events off), a request builds
+    no event at all; with one it builds its request and response events."""
+    alice = sim.state.add_user("alice")
+    built: list[str] = []
+    emit = Transport._emit
+
+    def counted(self: Transport, event: dict[str, object]) -> None:
+        built.append(str(event["type"]))
+        emit(self, event)
+
+    monkeypatch.setattr(Transport, "_emit", counted)
+    for events in (None, NullSink()):
+        t = Transport(base_url=sim.url, token=alice.token, session=session, events=events)
+        await t.request("GET", "/api/v2/chats", params=[("limit", "1")])
+    assert built == []
+    t = Transport(base_url=sim.url, token=alice.token, session=session, events=RecordingSink())
+    await t.request("GET", "/api/v2/chats", params=[("limit", "1")])
+    assert built == ["http:request", "http:response"]
 
 
 @pytest.mark.looptime

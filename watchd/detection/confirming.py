@@ -179,8 +179,7 @@ class Drafting:
         past = c._past(w, rec, clock)
         if past is None:
             return  # the fire pass says "unfounded" (and re-arms) as it always did
-        since = rec.updated_at if clock == "stalled" and rec.updated_at else rec.since
-        fp = fingerprint(w.health.deployment, rec.chat_id, past.alert, rec.status, since)
+        since, fp = c._identified(w, rec, clock, past)
         if fp in c.ledger.firing:
             return
         draft = c.renderer.draft(
@@ -229,6 +228,12 @@ class Confirming:
         """(alert name, time in clock, budget) when ``rec`` is past its budget now."""
         now = w.health.server_clock.now()
         return past_budget(w.budgets, rec, now=now, clock=clock, chat_failed=self.chat_failed)
+
+    @staticmethod
+    def _identified(w: Watched, rec: ChatRecord, clock: Clock, past: Overdue) -> tuple[float, str]:
+        """The clock start an alert of ``rec`` past ``past`` states, and its fingerprint."""
+        since = rec.updated_at if clock == "stalled" and rec.updated_at else rec.since
+        return since, fingerprint(w.health.deployment, rec.chat_id, past.alert, rec.status, since)
 
     async def loop(self, w: Watched) -> None:
         interval = 1.0 / self.confirm_rate
@@ -404,8 +409,7 @@ class Confirming:
             ):
                 since, fp, draft = d.since, d.fp, d.draft
             else:
-                since = rec.updated_at if clock == "stalled" and rec.updated_at else rec.since
-                fp = fingerprint(w.health.deployment, rec.chat_id, past.alert, rec.status, since)
+                since, fp = self._identified(w, rec, clock, past)
                 draft = None
             if fp not in firing:
                 due.append((rec, clock, past, since, fp, draft))

@@ -27,28 +27,25 @@ class RateLimiter:
         # Callers inside or queued for the lock (who waits, waits in turn).
         self._queued = 0
 
+    def _refill(self, now: float) -> None:
+        stamp = now if self._stamp is None else self._stamp
+        self._tokens = min(self.burst, self._tokens + (now - stamp) * self.rate)
+        self._stamp = now
+
     async def acquire(self) -> None:
         loop = asyncio.get_running_loop()
         if not self._queued:
             # Nobody ahead: take a token now if there is one, as the locked path below
             # would at once (nothing awaits between the check and the take). Called for
             # every request, this skips the lock's context manager.
-            now = loop.time()
-            if self._stamp is None:
-                self._stamp = now
-            tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
-            if tokens >= 1.0:
-                self._tokens = tokens - 1.0
-                self._stamp = now
+            self._refill(loop.time())
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
                 return
         self._queued += 1
         try:
             async with self._lock:
-                now = loop.time()
-                if self._stamp is None:
-                    self._stamp = now
-                self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
-                self._stamp = now
+                self._refill(loop.time())
                 if self._tokens < 1.0:
                     wait = (1.0 - self._tokens) / self.rate
                     await asyncio.sleep(wait)

@@ -10,11 +10,10 @@ it is mixed into; it reads the store's records and sightings and calls its ``obs
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from typing import Any
 
 from watchd.coder.models import TITLE_MAX, Chat, flatten, parse_chat, timestamp
-from watchd.coder.wire import ListingPage
+from watchd.coder.wire import ListedRow, ListingPage
 from watchd.store.records import Change, ChatRecord
 
 
@@ -67,43 +66,13 @@ class Listings:
         recs = self._by_identity.get(identity) or {}
         listed = self._listed.setdefault(identity, {})
         full: list[Any] | None = None
-        seen = present.add
-        fromiso = datetime.fromisoformat
-        # :func:`_unchanged` for a row decoded as ListedRow (its fields are of the types
-        # coderd sends; a page with any other was decoded in full instead), written out:
-        # it runs for every row of every reconcile, and a call per row and another per
-        # stamp were a third of its cost. The stamp is read as models.timestamp reads it.
         # What is noted is keyed by the record's own id string (shared), not the row's.
         for i, row in enumerate(compared):
             rec = recs.get(row.id)  # type: ignore[arg-type]  # ids are checked strings
-            if rec is not None:
-                held = rec.updated_at
-                ts = row.updated_at
-                if (
-                    ts
-                    and held is not None
-                    and row.status == rec.status
-                    and not row.archived
-                    and not row.children
-                ):
-                    try:
-                        parsed = fromiso(ts)
-                    except ValueError:
-                        parsed = None  # news: the parser will say what is wrong with it
-                    if parsed is not None:
-                        if parsed.tzinfo is None:
-                            parsed = parsed.replace(tzinfo=UTC)
-                        title = row.title
-                        queued = row.queued_for_capacity
-                        if (
-                            parsed.timestamp() == held
-                            and (not title or title[:TITLE_MAX] == rec.title)
-                            and (queued is None or queued is rec.queued_for_capacity)
-                        ):
-                            cid = rec.chat_id
-                            seen(cid)
-                            listed[cid] = now
-                            continue
+            if rec is not None and _listed_unchanged(row, rec):
+                present.add(rec.chat_id)
+                listed[rec.chat_id] = now
+                continue
             if full is None:
                 full = page.full()
             self._news(identity, full[i], i, now=now, present=present, changes=changes)
@@ -186,6 +155,21 @@ def _unchanged(row: dict[str, Any], rec: ChatRecord) -> bool:
     if title and (type(title) is not str or title[:TITLE_MAX] != rec.title):
         return False
     queued = row.get("queued_for_capacity")
+    return queued is None or queued is rec.queued_for_capacity
+
+
+def _listed_unchanged(row: ListedRow, rec: ChatRecord) -> bool:
+    """:func:`_unchanged` for a row decoded as :class:`ListedRow` (its fields are of the
+    types coderd sends; a page with any other was decoded in full instead)."""
+    if row.status != rec.status or row.archived or row.children:
+        return False
+    ts = row.updated_at
+    if not ts or not _same_stamp(ts, rec):
+        return False
+    title = row.title
+    if title and title[:TITLE_MAX] != rec.title:
+        return False
+    queued = row.queued_for_capacity
     return queued is None or queued is rec.queued_for_capacity
 
 
