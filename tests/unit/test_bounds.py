@@ -116,7 +116,7 @@ def test_unknown_statuses_share_one_metrics_series(
 ) -> None:
     """Fifty distinct status strings from a server become one `other` series (counted),
     not fifty: the metrics label space stays bounded."""
-    from watchd.coder.models import Chat, ChatId
+    from watchd.coder.observing import ChatId, Observation
     from watchd.config.loading import parse_config
     from watchd.config.secrets import resolve_secrets
     from watchd.daemon.app import Daemon
@@ -138,10 +138,13 @@ def test_unknown_statuses_share_one_metrics_series(
     d = Daemon(config, resolve_secrets(config))
     try:
         for i in range(50):
-            chat = Chat(id=ChatId(f"c{i}"), status=f"weird-{i}", updated_at=1.0)
+            chat = Observation(id=ChatId(f"c{i}"), status=f"weird-{i}", updated_at=1.0)
             d.store.observe("team-a", chat, now=2.0, via="listing")
         d.store.observe(
-            "team-a", Chat(id=ChatId("r"), status="running", updated_at=1.0), now=2.0, via="listing"
+            "team-a",
+            Observation(id=ChatId("r"), status="running", updated_at=1.0),
+            now=2.0,
+            via="listing",
         )
         d.health["team-a"] = d.health.get("team-a") or _health("team-a")
         text = d.metrics.render().decode()

@@ -6,15 +6,17 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
 from watchd.alerting.model import Alert
 from watchd.coder.errors import CoderError
-from watchd.coder.models import Chat, ChatError, ChatId, WorkspaceBuild
+from watchd.coder.models import WorkspaceBuild
+from watchd.coder.observing import ChatError, ChatId, Observation
 from watchd.config.watching import Budgets
 from watchd.detection.alerts import Draft
 from watchd.detection.confirming import BURST_LOOKUPS, SETTLE_MAX, SETTLE_QUIET
@@ -41,7 +43,7 @@ class Wall:
 class Server:
     """What the Coder server holds: the truth the confirmer reads."""
 
-    chats: dict[str, Chat] = field(default_factory=dict)
+    chats: dict[str, Observation] = field(default_factory=dict)
     fail: bool = False
     gets: int = 0
     lists: int = 0
@@ -59,7 +61,7 @@ class FakeConfirmer:
     ) -> None:
         self.server, self.store, self.det, self.name, self.clock = server, store, det, name, clock
 
-    async def get_chat(self, chat_id: str) -> Chat:
+    async def get_chat(self, chat_id: str) -> Observation:
         self.server.gets += 1
         self.server.read("get")
         if self.server.fail:
@@ -120,7 +122,9 @@ class Rig:
         kind: str = "status_change",
         **kw: object,
     ) -> None:
-        chat = Chat(id=ChatId(cid), status=status, updated_at=updated, title=f"chat {cid}", **kw)  # type: ignore[arg-type]
+        chat = Observation(
+            id=ChatId(cid), status=status, updated_at=updated, title=f"chat {cid}", **kw
+        )  # type: ignore[arg-type]
         self.server.chats[cid] = chat
         change = self.store.observe("a", chat, now=self.clock.now(), via=via, kind=kind)
         if change:
@@ -536,7 +540,7 @@ async def test_a_confirmer_that_raises_restarts_and_the_identity_still_alerts() 
         real = confirmer.get_chat
         calls = 0
 
-        async def flaky(chat_id: str) -> Chat:
+        async def flaky(chat_id: str) -> Observation:
             nonlocal calls
             calls += 1
             if calls == 1:
@@ -761,7 +765,7 @@ async def _after_burst(db: StateDB, *, one_at_a_time: bool) -> tuple[object, ...
         )
         changes = []
         for cid, status, age, kind, archived in BURST:
-            chat = Chat(
+            chat = Observation(
                 id=ChatId(cid), status=status, updated_at=now - age, title=cid, archived=archived
             )
             change = r.store.observe("a", chat, now=now, via="watch", kind=kind)

@@ -10,11 +10,10 @@ from watchd.coder.errors import PayloadError
 from watchd.coder.models import (
     MalformedFrame,
     ServerFrameError,
-    flatten,
-    parse_chat,
     parse_quota,
     parse_watch_frame,
 )
+from watchd.coder.observing import flatten, from_json
 
 CHAT = {
     "id": "0b7c0000-0000-4000-8000-000000000001",
@@ -29,7 +28,7 @@ CHAT = {
 
 def test_unknown_fields_are_ignored_and_nanoseconds_parse() -> None:
     """Go's nanosecond timestamps and unknown fields parse without error."""
-    chat = parse_chat(CHAT)
+    chat = from_json(CHAT)
     assert chat.status == "running"
     assert chat.labels == (("ticket", "OPS-12"),)
     assert chat.updated_at == pytest.approx(1789892095.123456)
@@ -37,12 +36,12 @@ def test_unknown_fields_are_ignored_and_nanoseconds_parse() -> None:
 
 def test_unknown_status_is_kept_as_a_string() -> None:
     """A status this build does not know survives parsing unchanged."""
-    assert parse_chat({**CHAT, "status": "hibernating"}).status == "hibernating"
+    assert from_json({**CHAT, "status": "hibernating"}).status == "hibernating"
 
 
 def test_last_error_as_object_or_string() -> None:
     """last_error is accepted as the newest object and as the early text column."""
-    obj = parse_chat(
+    obj = from_json(
         {
             **CHAT,
             "status": "error",
@@ -61,16 +60,16 @@ def test_last_error_as_object_or_string() -> None:
         429,
         True,
     )
-    text = parse_chat({**CHAT, "status": "error", "last_error": "provider exploded"})
+    text = from_json({**CHAT, "status": "error", "last_error": "provider exploded"})
     assert text.last_error is not None and text.last_error.message == "provider exploded"
     assert text.last_error.kind == "generic"
-    assert parse_chat({**CHAT, "last_error": None}).last_error is None
+    assert from_json({**CHAT, "last_error": None}).last_error is None
 
 
 def test_zone_less_timestamp_reads_as_utc() -> None:
     """A timestamp without a zone is read as UTC, never as local time."""
-    a = parse_chat({**CHAT, "updated_at": "2026-09-20T08:14:55"}).updated_at
-    b = parse_chat({**CHAT, "updated_at": "2026-09-20T08:14:55Z"}).updated_at
+    a = from_json({**CHAT, "updated_at": "2026-09-20T08:14:55"}).updated_at
+    b = from_json({**CHAT, "updated_at": "2026-09-20T08:14:55Z"}).updated_at
     assert a == b
 
 
@@ -86,15 +85,15 @@ def test_zone_less_timestamp_reads_as_utc() -> None:
 def test_bad_payload_names_the_field(payload: dict[str, object], field: str) -> None:
     """What we cannot do without raises an error naming the field."""
     with pytest.raises(PayloadError) as err:
-        parse_chat(payload)
+        from_json(payload)
     assert err.value.field == field
 
 
 def test_children_flatten_once_each() -> None:
     """Embedded subagent children are flattened after their root, duplicates dropped."""
     child = {**CHAT, "id": "c1", "parent_chat_id": CHAT["id"]}
-    root = parse_chat({**CHAT, "children": [child]})
-    again = parse_chat(child)
+    root = from_json({**CHAT, "children": [child]})
+    again = from_json(child)
     ids = [c.id for c in flatten([root, again])]
     assert ids == [CHAT["id"], "c1"]
 

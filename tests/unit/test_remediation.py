@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import Sim
-from watchd.coder.models import Chat, ChatId
+from watchd.coder.observing import ChatId, Observation
 from watchd.config.fields import ConfigError
 from watchd.config.loading import parse_config
 from watchd.config.sweep import SweepConfig
@@ -97,7 +97,7 @@ def test_policy_matching_first_match_wins() -> None:
     ]:
         store.observe(
             "a",
-            Chat(id=ChatId(cid), status=status, updated_at=now - age, labels=labels),
+            Observation(id=ChatId(cid), status=status, updated_at=now - age, labels=labels),
             now=now,
             via="listing",
         )
@@ -143,7 +143,7 @@ def test_orchestrator_chats_are_swept_only_by_a_policy_that_names_them() -> None
     for cid, mode in (("orc", "orchestrator"), ("exp", "explore")):
         store.observe(
             "a",
-            Chat(id=ChatId(cid), status="running", updated_at=0.0, mode=mode),
+            Observation(id=ChatId(cid), status="running", updated_at=0.0, mode=mode),
             now=0.0,
             via="listing",
         )
@@ -227,7 +227,7 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
     db = StateDB(tmp_path / "state.db")
     store = ChatStore()
     store.observe(
-        "a", Chat(id=ChatId("c1"), status="running", updated_at=1.0), now=2.0, via="listing"
+        "a", Observation(id=ChatId("c1"), status="running", updated_at=1.0), now=2.0, via="listing"
     )
     sink = Sink()
     det, sweeper = build(db, store, sink)

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import Sim
-from watchd.coder.models import timestamp
+from watchd.coder.observing import timestamp
 from watchd.sim.records import SimUser, Step, iso
 
 RFC3339NANO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{0,8}[1-9])?(Z|[+-]\d\d:\d\d)$")

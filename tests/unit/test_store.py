@@ -8,19 +8,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 
 from watchd.coder.errors import PayloadError
-from watchd.coder.models import Chat, ChatId, flatten, parse_chat
-from watchd.coder.wire import read_page
+from watchd.coder.observing import ChatId, Observation, flatten, from_json
+from watchd.coder.pages import read_page
 from watchd.store.chats import ChatStore
+from watchd.store.listing import observe_page
 from watchd.store.persistence import StateDB
 from watchd.store.records import ChatRecord
 
 
-def chat(cid: str, status: str, updated: float | None, **kw: object) -> Chat:
-    return Chat(id=ChatId(cid), status=status, updated_at=updated, **kw)  # type: ignore[arg-type]
+def chat(cid: str, status: str, updated: float | None, **kw: object) -> Observation:
+    return Observation(id=ChatId(cid), status=status, updated_at=updated, **kw)  # type: ignore[arg-type]
 
 
 def test_watch_transition_starts_an_exact_clock() -> None:
@@ -158,10 +160,10 @@ def test_listing_rows_fast_path_agrees_with_parse_and_observe(row: dict[str, obj
     seeded = _row("c1")
     fast, slow = ChatStore(), ChatStore()
     for s in (fast, slow):
-        s.observe("a", parse_chat(seeded), now=T + 100.0, via="listing")
-    got = fast.observe_rows("a", [row], now=T + 200.0, present=set())
+        s.observe("a", from_json(seeded), now=T + 100.0, via="listing")
+    got = observe_page(fast, "a", read_page(_body(row)), now=T + 200.0, present=set())
     want = []
-    for c in flatten([parse_chat(row)]):
+    for c in flatten([from_json(row)]):
         change = slow.observe("a", c, now=T + 200.0, via="listing")
         if change is not None:
             want.append(change)
@@ -173,9 +175,9 @@ def _seeded() -> ChatStore:
     """A store holding c1..c3 (running, title "t"), k1 (a child of c3), q1 (queued)."""
     s = ChatStore()
     for cid in ("c1", "c2", "c3"):
-        s.observe("a", parse_chat(_row(cid)), now=T + 100.0, via="listing")
-    s.observe("a", parse_chat(_row("k1", parent_chat_id="c3")), now=T + 100.0, via="listing")
-    s.observe("a", parse_chat(_row("q1", queued_for_capacity=True)), now=T + 100.0, via="listing")
+        s.observe("a", from_json(_row(cid)), now=T + 100.0, via="listing")
+    s.observe("a", from_json(_row("k1", parent_chat_id="c3")), now=T + 100.0, via="listing")
+    s.observe("a", from_json(_row("q1", queued_for_capacity=True)), now=T + 100.0, via="listing")
     return s
 
 
@@ -263,8 +265,8 @@ def _apply(s: ChatStore, body: bytes, *, compared: bool) -> tuple[object, ...]:
     try:
         changes: object = [
             (c.kind, c.record, c.previous, c.reason)
-            for c in s.observe_rows(
-                "a", read_page(body, compared=compared), now=T + 200.0, present=present
+            for c in observe_page(
+                s, "a", read_page(body, compared=compared), now=T + 200.0, present=present
             )
         ]
     except PayloadError as exc:
@@ -300,16 +302,16 @@ def test_coderd_pages_take_the_compared_fields_path() -> None:
     ):
         assert read_page(body).rows is not None
     page = read_page(PAGES[0])
-    assert _seeded().observe_rows("a", page, now=T + 200.0, present=set()) == []
+    assert observe_page(_seeded(), "a", page, now=T + 200.0, present=set()) == []
     assert page._full is None
 
 
 def test_unchanged_listing_row_is_seen_without_parsing() -> None:
     """An unchanged row only moves the last-seen time, so the listing spares it from tombstoning."""
     s = ChatStore()
-    s.observe("a", parse_chat(_row("c1")), now=T + 100.0, via="listing")
+    s.observe("a", from_json(_row("c1")), now=T + 100.0, via="listing")
     present: set[str] = set()
-    assert s.observe_rows("a", [_row("c1")], now=T + 200.0, present=present) == []
+    assert observe_page(s, "a", read_page(_body(_row("c1"))), now=T + 200.0, present=present) == []
     assert present == {"c1"}
     assert s.finish_listing("a", present, started=T + 150.0) == {}
     assert s.finish_listing("a", set(), started=T + 250.0) == {"c1": 1}
@@ -319,18 +321,21 @@ def test_bad_listing_row_names_its_index() -> None:
     """A row that cannot be read raises a PayloadError naming it."""
     s = ChatStore()
     with pytest.raises(PayloadError, match=r"chats\[1\]\.updated_at"):
-        s.observe_rows(
-            "a", [_row("c1"), _row("c2", updated="yesterday")], now=T + 1.0, present=set()
+        observe_page(
+            s,
+            "a",
+            read_page(_body(_row("c1"), _row("c2", updated="yesterday"))),
+            now=T + 1.0,
+            present=set(),
         )
 
 
 def test_long_title_does_not_refresh_every_listing() -> None:
     """A title longer than what is kept compares equal to itself on the next listing."""
     s = ChatStore()
-    s.observe("a", parse_chat(_row("c1", title="y" * 400)), now=T + 100.0, via="listing")
+    s.observe("a", from_json(_row("c1", title="y" * 400)), now=T + 100.0, via="listing")
     assert (
-        s.observe("a", parse_chat(_row("c1", title="y" * 400)), now=T + 200.0, via="listing")
-        is None
+        s.observe("a", from_json(_row("c1", title="y" * 400)), now=T + 200.0, via="listing") is None
     )
 
 
@@ -373,7 +378,7 @@ def test_a_stamp_before_the_chat_was_created_is_not_a_clock() -> None:
     """An event stamped 1970 for a chat created yesterday starts its clock at the
     observation, not 56 years ago (counted)."""
     s = ChatStore()
-    c = replace(chat("c1", "running", 0.0), created_raw="2026-11-28T10:00:00Z")
+    c = msgspec.structs.replace(chat("c1", "running", 0.0), created_raw="2026-11-28T10:00:00Z")
     s.observe("a", c, now=T, via="watch", kind="status_change")
     rec = s.get("a", "c1")
     assert rec is not None and rec.since == T and s.before_created == {"a": 1}

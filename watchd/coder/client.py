@@ -10,26 +10,24 @@ bounded by a deadline so no caller waits forever.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from msgspec.structs import replace
+
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import (
-    Chat,
-    Quota,
     User,
     WorkspaceBuild,
-    flatten,
-    parse_chat,
     parse_quota,
     parse_user,
     parse_workspace_build,
 )
+from watchd.coder.observing import Observation, Quota, flatten, from_json
+from watchd.coder.pages import ListingPage, read_page
 from watchd.coder.transport import MAX_BODY, Response, Transport
-from watchd.coder.wire import ListingPage, read_page
 from watchd.kits.backoff import Backoff
 
 PREFIXES = ("/api/v2", "/api/experimental")
@@ -202,12 +200,12 @@ class CoderClient:
         archived: bool = False,
         labels: dict[str, str] | None = None,
         listing: Listing | None = None,
-    ) -> list[Chat]:
+    ) -> list[Observation]:
         """Every chat this token owns (roots and their children, flattened, each once;
         a row repeated by paging keeps its position and its latest content)."""
-        latest: dict[str, Chat] = {}
+        latest: dict[str, Observation] = {}
         async for rows in self.chat_rows(archived=archived, labels=labels, listing=listing):
-            roots = [parse_chat(row, where=f"chats[{i}]") for i, row in enumerate(rows)]
+            roots = [from_json(row, where=f"chats[{i}]") for i, row in enumerate(rows)]
             for chat in flatten(roots):
                 latest[chat.id] = chat
         return list(latest.values())
@@ -220,7 +218,7 @@ class CoderClient:
         listing: Listing | None = None,
     ) -> AsyncIterator[list[Any]]:
         """The listing one page at a time, as decoded rows (parse them with
-        :func:`parse_chat`); paged as :meth:`chat_pages` pages."""
+        :func:`~watchd.coder.observing.from_json`); paged as :meth:`chat_pages` pages."""
         async for page in self.chat_pages(
             archived=archived, labels=labels, listing=listing, compared=False
         ):
@@ -305,29 +303,29 @@ class CoderClient:
             self.incomplete_listings += 1
         self.relists += 1
 
-    async def get_chat(self, chat_id: str) -> Chat:
+    async def get_chat(self, chat_id: str) -> Observation:
         """One chat, authoritative. On a single GET coderd omits ``queued_for_capacity``
         when it is false (``bool,omitempty``), so absent here means false."""
         resp = await self._chat_call("GET", f"/chats/{chat_id}")
-        chat = parse_chat(resp.json())
+        chat = from_json(resp.json())
         if chat.queued_for_capacity is None:
-            chat = dataclasses.replace(chat, queued_for_capacity=False)
+            chat = replace(chat, queued_for_capacity=False)
         return chat
 
-    async def reconcile_invalid(self, chat_id: str) -> Chat | None:
+    async def reconcile_invalid(self, chat_id: str) -> Observation | None:
         """``POST …/reconcile-invalid`` (newest servers): move a chat whose execution state
         is invalid to ``error``. A 404 on a chat we can read means this server lacks the
         route. Never retried blindly."""
         resp = await self._chat_call("POST", f"/chats/{chat_id}/reconcile-invalid", retry=False)
         body = resp.json()
-        return parse_chat(body) if isinstance(body, dict) else None
+        return from_json(body) if isinstance(body, dict) else None
 
-    async def interrupt(self, chat_id: str) -> Chat | None:
+    async def interrupt(self, chat_id: str) -> Observation | None:
         """Ask the run to stop. Asynchronous: the answer is usually ``interrupting``
         (newest) or ``waiting`` (older eras). Never retried blindly: 409 is an answer."""
         resp = await self._chat_call("POST", f"/chats/{chat_id}/interrupt", retry=False)
         body = resp.json()
-        return parse_chat(body) if isinstance(body, dict) else None
+        return from_json(body) if isinstance(body, dict) else None
 
     async def archive(self, chat_id: str) -> None:
         """Archive a root chat (cascades to children). Era A uses ``POST …/archive``."""

@@ -16,8 +16,9 @@ import aiohttp
 
 from watchd.coder.errors import CoderError
 from watchd.coder.models import MalformedFrame, ServerFrameError
+from watchd.coder.observing import WatchEvent
 from watchd.coder.transport import Transport
-from watchd.coder.wire import Event, read_event
+from watchd.coder.wire import read_event
 
 # Coder pings every 15 s and gives up after 15 s without a pong; our own
 # ping on a 20 s cadence notices a dead TCP path within ~30 s.
@@ -49,7 +50,7 @@ class WatchConnection:
     malformed: int = 0
     _closed: bool = field(default=False)
 
-    async def pump(self, on_events: Callable[[list[Event]], None]) -> None:
+    async def pump(self, on_events: Callable[[list[WatchEvent]], None]) -> None:
         """Decode frames and hand them to ``on_events`` a burst at a time until the
         connection ends (raises StreamClosed / ResyncNeeded, or whatever ``on_events``
         raises).
@@ -70,7 +71,7 @@ class WatchConnection:
             queue = None
         text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
         ping = aiohttp.WSMsgType.PING
-        burst: list[Event] = []
+        burst: list[WatchEvent] = []
         decoded = 0  # events decoded, added to self.events when the pump ends
         try:
             while True:

@@ -20,7 +20,7 @@ import aiohttp
 
 from watchd.alerting.dispatch import Dispatcher
 from watchd.coder.client import CoderClient
-from watchd.coder.models import Chat
+from watchd.coder.observing import Observation
 from watchd.coder.transport import USER_AGENT, Transport
 from watchd.config import secrets
 from watchd.config.model import Config
@@ -55,7 +55,7 @@ class TimedConfirmer:
         self.watcher = watcher
         self.observe = observe
 
-    async def get_chat(self, chat_id: str) -> Chat:
+    async def get_chat(self, chat_id: str) -> Observation:
         t0 = asyncio.get_running_loop().time()
         try:
             return await self.watcher.get_chat(chat_id)

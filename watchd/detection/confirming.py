@@ -24,7 +24,7 @@ import structlog
 
 from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.models import Chat
+from watchd.coder.observing import Observation
 from watchd.config.watching import Budgets
 from watchd.detection.alerts import Draft, Renderer
 from watchd.detection.budgets import Clock, Overdue, past_budget
@@ -60,7 +60,7 @@ DRAFT_STEP = 10
 class Confirmer(Protocol):
     """What the detector needs from an identity's watcher."""
 
-    async def get_chat(self, chat_id: str) -> Chat: ...
+    async def get_chat(self, chat_id: str) -> Observation: ...
 
     async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
         """List the identity's chats into the store; ``on_page(ids read so far)`` after

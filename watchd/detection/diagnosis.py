@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from watchd.coder.models import Quota, WorkspaceBuild
+from watchd.coder.models import WorkspaceBuild
+from watchd.coder.observing import Quota
 from watchd.store.records import ChatRecord
 
 

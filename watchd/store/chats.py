@@ -26,11 +26,10 @@ status. Its ``source`` says how we know:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 
-from watchd.coder.models import TITLE_MAX, Chat, WatchEvent, timestamp
-from watchd.coder.wire import Event, Sighting, to_chat
-from watchd.store.listing import Listings
+from msgspec.structs import replace
+
+from watchd.coder.observing import Observation, WatchEvent
 from watchd.store.records import (
     CLOCK_LOWER_BOUND,
     CLOCK_SYNTHESIZED,
@@ -39,7 +38,6 @@ from watchd.store.records import (
     Change,
     ChatRecord,
     build,
-    build_from_wire,
     clock_start,
 )
 
@@ -47,9 +45,10 @@ from watchd.store.records import (
 _OLD_STAMP = 86_400.0
 
 
-class ChatStore(Listings):
+class ChatStore:
     """Records by identity; bounded by ``capacity`` (overflow counted, never silent).
-    What a listing does to them is in :class:`watchd.store.listing.Listings`."""
+    What a listing's pages do to them is in :mod:`watchd.store.listing`, through
+    :meth:`observe`, :meth:`note_listed` and :meth:`finish_listing`."""
 
     def __init__(self, *, capacity: int = 1_000_000) -> None:
         self.capacity = capacity
@@ -110,7 +109,7 @@ class ChatStore(Listings):
     # -- observations -------------------------------------------------------------
 
     def observe(
-        self, identity: str, chat: Chat, *, now: float, via: str, kind: str = ""
+        self, identity: str, chat: Observation, *, now: float, via: str, kind: str = ""
     ) -> Change | None:
         """Apply one observation of ``chat``. ``via`` is watch | listing | confirm.
 
@@ -180,12 +179,13 @@ class ChatStore(Listings):
             )
             recs[chat.id] = rec
             return Change("transition", rec, old)
-        if (
-            chat.updated_at == old.updated_at
-            and (not chat.title or chat.title == old.title)
-            and chat.queued_for_capacity in (None, old.queued_for_capacity)
-            and (via != "confirm" or _details(chat) == _details(old))
-        ):
+        if says_nothing_new(
+            old,
+            status=chat.status,
+            updated_at=chat.updated_at,
+            title=chat.title,
+            queued=chat.queued_for_capacity,
+        ) and (via != "confirm" or _details(chat) == _details(old)):
             # Nothing but our sighting moved: keep the record, note when we saw it.
             self._seen[(identity, chat.id)] = now
             return None
@@ -201,116 +201,88 @@ class ChatStore(Listings):
         recs[chat.id] = rec
         return Change("refresh", rec, old)
 
-    def observe_events(self, identity: str, events: Iterable[Event], *, now: float) -> list[Change]:
-        """A burst of watch events, in order: what :meth:`observe` makes of each (a
-        :class:`Sighting` is read without building a Chat first)."""
+    def observe_events(
+        self, identity: str, events: Iterable[WatchEvent], *, now: float
+    ) -> list[Change]:
+        """A burst of watch events, in order: what :meth:`observe` makes of each."""
         observe = self.observe
-        sight = self._observe_sighting
         changes: list[Change] = []
         for event in events:
-            if type(event) is Sighting:
-                change = sight(identity, event, now=now)
-            else:
-                assert isinstance(event, WatchEvent)
-                change = observe(identity, event.chat, now=now, via="watch", kind=event.kind)
+            change = observe(identity, event.chat, now=now, via="watch", kind=event.kind)
             if change is not None:
                 changes.append(change)
         return changes
 
-    def _observe_sighting(self, identity: str, s: Sighting, *, now: float) -> Change | None:
-        """What :meth:`observe` does with ``to_chat(s.chat)`` off the watch stream, with the
-        record built straight from the struct when the chat is known and stays (neither
-        archived nor deleted); anything else goes through :meth:`observe` itself."""
-        w = s.chat
-        cid = w.id or ""
-        recs = self._by_identity.get(identity)
-        old = recs.get(cid) if recs is not None else None
-        kind = s.kind
-        if recs is None or old is None or w.archived is True or kind == "deleted":
-            chat = to_chat(w)
-            assert chat is not None  # the decoder only makes a Sighting of what it reads
-            return self.observe(identity, chat, now=now, via="watch", kind=kind)
-        ts = s.updated_at
-        if ts is not None and (ts > now + FUTURE_TOLERANCE or ts < now - _OLD_STAMP):
-            ts = self._sane_stamp(identity, ts, created=None, created_raw=w.created_at, now=now)
-        if self._absent:
-            absent = self._absent.get(identity)
-            if absent:
-                absent.pop(cid, None)
-        held = old.updated_at
-        if ts is not None and held is not None and ts < held:
-            self.stale_ignored += 1
-            return None
-        if w.status != old.status:
-            rec = build_from_wire(
-                w,
-                updated_at=ts,
-                since=ts if ts is not None else now,
-                clock=CLOCK_TRANSITION,
-                now=now,
-                version=old.version + 1,
-                previous=old,
-            )
-            recs[cid] = rec
-            return Change("transition", rec, old)
-        title = w.title
-        if (
-            ts == held
-            and (not title or title[:TITLE_MAX] == old.title)
-            and w.queued_for_capacity in (None, old.queued_for_capacity)
-        ):
-            self._seen[(identity, cid)] = now
-            return None
-        rec = build_from_wire(
-            w,
-            updated_at=ts,
-            since=old.since,
-            clock=old.clock,
-            now=now,
-            version=old.version,
-            previous=old,
-        )
-        recs[cid] = rec
-        return Change("refresh", rec, old)
-
-    def _sane(self, identity: str, chat: Chat, *, now: float) -> Chat:
+    def _sane(self, identity: str, chat: Observation, *, now: float) -> Observation:
         """``chat`` with an ``updated_at`` that can serve as a clock: one past server-now
         (beyond the tolerance) is clamped to now; one before the chat's ``created_at`` is
-        dropped (the observation time stands in). Both are counted by identity."""
+        dropped (the observation time stands in). Both are counted by identity.
+        ``created_at`` is read only for a stamp more than a day old."""
         ts = chat.updated_at
         if ts is None or (
             ts <= now + FUTURE_TOLERANCE and ts >= now - _OLD_STAMP and chat.created_at is None
         ):
             return chat
-        sane = self._sane_stamp(
-            identity, ts, created=chat.created_at, created_raw=chat.created_raw, now=now
-        )
-        return chat if sane is ts else replace(chat, updated_at=sane)
-
-    def _sane_stamp(
-        self,
-        identity: str,
-        ts: float,
-        *,
-        created: float | None,
-        created_raw: str | None,
-        now: float,
-    ) -> float | None:
-        """:meth:`_sane`'s verdict on one stamp: ``ts``, ``now`` (clamped) or None (not a
-        clock). ``created_at`` is read (from ``created_raw`` when not already parsed)
-        only for a stamp more than a day old, or when it came parsed."""
         if ts > now + FUTURE_TOLERANCE:
             self.future_clamped[identity] = self.future_clamped.get(identity, 0) + 1
-            return now
-        if created is None and ts < now - _OLD_STAMP and created_raw:
-            try:
-                created = timestamp(created_raw)
-            except ValueError:
-                created = None
+            return replace(chat, updated_at=now)
+        created = chat.created()
         if created is not None and ts < created - FUTURE_TOLERANCE:
             self.before_created[identity] = self.before_created.get(identity, 0) + 1
-            return None
-        return ts
+            return replace(chat, updated_at=None)
+        return chat
+
+    # -- listings (the pages themselves are read by watchd.store.listing) ----------
+
+    def note_listed(self, identity: str, chat_ids: Iterable[str], *, now: float) -> None:
+        """A listing showed these chats unchanged: a sighting, for :meth:`finish_listing`."""
+        listed = self._listed.setdefault(identity, {})
+        for cid in chat_ids:
+            listed[cid] = now
+
+    def finish_listing(self, identity: str, present: set[str], *, started: float) -> dict[str, int]:
+        """A *complete* listing ended: every known chat it lacked becomes (or stays)
+        absent. Returns those chats with how many consecutive complete listings lacked
+        them. Nothing is tombstoned here: absence is only a reason to confirm.
+
+        Records observed after the listing ``started`` are spared: an event that
+        arrived mid-listing is newer than the listing's view of absence.
+        """
+        recs = self._by_identity.get(identity, {})
+        seen = self._seen
+        listed = self._listed.get(identity, {})
+        before = self._absent.get(identity, {})
+        absent = {
+            cid: before.get(cid, 0) + 1
+            for cid, r in recs.items()
+            if cid not in present
+            and max(seen.get((identity, cid), 0.0), listed.get(cid, 0.0), r.seen_at) < started
+        }
+        if absent:
+            self._absent[identity] = absent
+        else:
+            self._absent.pop(identity, None)
+        if len(listed) > len(recs):
+            # Sightings of chats since tombstoned: harmless (a record built later has a
+            # later seen_at), but not kept forever.
+            for cid in listed.keys() - recs.keys():
+                del listed[cid]
+        return dict(absent)
+
+    def apply_listing(
+        self, identity: str, chats: Iterable[Observation], *, now: float, started: float
+    ) -> list[Change]:
+        """A complete listing of observed chats: upsert every one and note what it lacks
+        as absent. (The watcher applies raw pages with ``listing.observe_page``.)"""
+        present: set[str] = set()
+        changes: list[Change] = []
+        for chat in chats:
+            present.add(chat.id)
+            change = self.observe(identity, chat, now=now, via="listing")
+            if change is not None:
+                changes.append(change)
+        self.finish_listing(identity, present, started=started)
+        return changes
 
     def tombstone(self, identity: str, chat_id: str, *, reason: str) -> Change | None:
         absent = self._absent.get(identity)
@@ -324,5 +296,19 @@ class ChatStore(Listings):
         return Change("tombstone", old, old, reason=reason)
 
 
-def _details(c: Chat | ChatRecord) -> tuple[str, str, str, tuple[str, ...]]:
+def says_nothing_new(
+    rec: ChatRecord, *, status: str, updated_at: float | None, title: str, queued: bool | None
+) -> bool:
+    """The one rule for "is this sighting news": the same status and ``updated_at``, no
+    other title (an empty one says nothing) and no other capacity flag (None says
+    nothing). Shared by every observation and by a listing's rows read only in part."""
+    return (
+        status == rec.status
+        and updated_at == rec.updated_at
+        and (not title or title == rec.title)
+        and (queued is None or queued is rec.queued_for_capacity)
+    )
+
+
+def _details(c: Observation | ChatRecord) -> tuple[str, str, str, tuple[str, ...]]:
     return (c.mode, c.client_type, c.context_error, c.warnings)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from watchd.coder.models import Quota
+from watchd.coder.observing import Quota
 from watchd.kits.clock import ServerClock, loop_time
 
 

@@ -2,10 +2,9 @@
 
 A record is the compact form of a chat that the store keeps: its status, the clock
 (``since``, and how we know it), and what alerts show. :func:`build` makes one from
-a parsed chat, keeping what an older era's minimal payload does not say (and
-:func:`build_from_wire` the same from a watch frame's decoded struct). Pure: no
-state, no I/O (the rules that decide *when* a record changes are
-:class:`watchd.store.chats.ChatStore`'s).
+an :class:`~watchd.coder.observing.Observation`, keeping what an older era's minimal
+payload does not say; it is the only place a record is made. Pure: no state, no I/O
+(the rules that decide *when* a record changes are :class:`watchd.store.chats.ChatStore`'s).
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ from typing import NewType
 
 import msgspec
 
-from watchd.coder.models import _KINDS, TITLE_MAX, Chat, ChatError
-from watchd.coder.wire import WireChat, chat_error
+from watchd.coder.observing import ChatError, Observation
 
 Identity = NewType("Identity", str)
 ChatKey = tuple[str, str]  # (identity, chat id)
@@ -31,8 +29,8 @@ CLOCK_SYNTHESIZED = "synthesized"
 CLOCK_LOWER_BOUND = "lower_bound"
 
 
-# Not frozen for the same reason as coder.models.Chat (one is built per transition);
-# records are replaced, never mutated in place.
+# Not frozen: frozen dataclasses pay object.__setattr__ per field, and one is built per
+# transition; records are replaced, never mutated in place.
 @dataclass(slots=True)
 class ChatRecord:
     identity: str
@@ -74,7 +72,7 @@ class Change(msgspec.Struct, gc=False):
 
 def build(
     identity: str,
-    chat: Chat,
+    chat: Observation,
     *,
     since: float,
     clock: str,
@@ -133,60 +131,7 @@ def build(
     )
 
 
-def build_from_wire(
-    chat: WireChat,
-    *,
-    updated_at: float | None,
-    since: float,
-    clock: str,
-    now: float,
-    version: int,
-    previous: ChatRecord,
-) -> ChatRecord:
-    """What :func:`build` makes of ``to_chat(chat)`` (with ``updated_at`` already sane) over
-    ``previous``, read straight from the decoded struct: the watch path's record without
-    a :class:`Chat` in between. ``tests/unit/test_wire.py`` pins the two together."""
-    p = previous
-    status = chat.status or ""
-    queued = chat.queued_for_capacity
-    client_type = chat.client_type
-    title = chat.title
-    labels = chat.labels
-    mode = chat.mode
-    if client_type:  # only a full payload says these are now clear
-        context = chat.context
-        error = context.error if context is not None else None
-        context_error = error[:300] if error else ""
-        warnings = chat.warnings
-        kept: tuple[str, ...] = tuple(x[:200] for x in warnings[:5]) if warnings else ()
-    else:
-        context_error = p.context_error
-        kept = p.warnings
-    err = chat.last_error
-    return ChatRecord(
-        p.identity,
-        p.chat_id,
-        status,
-        since,
-        clock,
-        updated_at if updated_at is not None else p.updated_at,
-        now,
-        chat.owner_username or p.owner,
-        title[:TITLE_MAX] if title else p.title,
-        chat.workspace_id or p.workspace_id,
-        chat.parent_chat_id or p.parent_id,
-        tuple(sorted(labels.items())) if labels else p.labels,
-        chat_error(err) if status == "error" and err is not None and err != "" else None,
-        queued if queued is not None else p.queued_for_capacity,
-        version,
-        _KINDS[mode] if mode else p.mode,
-        _KINDS[client_type] if client_type else p.client_type,
-        context_error,
-        kept,
-    )
-
-
-def clock_start(chat: Chat, now: float) -> float:
+def clock_start(chat: Observation, now: float) -> float:
     """The clock start as the server stated it: ``updated_at`` (already sane); only a
     payload without one falls back to our estimate (``created_at`` would overstate the
     time in status: the chat may have entered it long after it was created).

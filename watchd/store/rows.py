@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from watchd.coder.models import ChatError
+from watchd.coder.observing import ChatError
 from watchd.store.records import ChatRecord
 
 SCHEMA = """

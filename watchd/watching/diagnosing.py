@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from watchd.coder.client import CoderClient
-from watchd.coder.models import BLOCKED_STATUSES, Quota, WorkspaceBuild
+from watchd.coder.models import BLOCKED_STATUSES, WorkspaceBuild
+from watchd.coder.observing import Quota
 from watchd.kits.clock import loop_time
 from watchd.store.health import IdentityHealth
 from watchd.store.records import ChatRecord

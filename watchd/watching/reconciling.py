@@ -28,6 +28,7 @@ from watchd.kits import logs
 from watchd.kits.clock import loop_time
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
+from watchd.store.listing import observe_page
 from watchd.store.records import Change
 
 log = logs.get("watchd.watching")
@@ -142,8 +143,8 @@ class Reconciler:
                 # decoding the compared fields first would only add to the full decode.
                 compared = self.name in self.store.identities()
                 async for page in self.client.chat_pages(listing=listing, compared=compared):
-                    changes = self.store.observe_rows(
-                        self.name, page, now=clock.now(), present=present
+                    changes = observe_page(
+                        self.store, self.name, page, now=clock.now(), present=present
                     )
                     if changes:
                         self.changes.apply(self.name, changes)

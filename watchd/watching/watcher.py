@@ -34,7 +34,7 @@ import structlog
 
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.models import Chat
+from watchd.coder.observing import Observation, WatchEvent
 from watchd.coder.watchstream import (
     DEFAULT_HEARTBEAT,
     ResyncNeeded,
@@ -42,7 +42,6 @@ from watchd.coder.watchstream import (
     WatchConnection,
     open_watch,
 )
-from watchd.coder.wire import Event, event_chat_id
 from watchd.kits import logs
 from watchd.kits.backoff import Backoff
 from watchd.kits.clock import loop_time
@@ -100,7 +99,7 @@ class IdentityWatcher:
         self.rng = rng or random.Random()
         self.attempt = 0
         self._conn: WatchConnection | None = None
-        self._buffer: list[Event] | None = None
+        self._buffer: list[WatchEvent] | None = None
         # Chats whose events overflowed the buffer during a listing: re-read after it.
         self._dirty: set[str] | None = None
         # Set by any call that Coder refused with 401/403 (the client's on_refused).
@@ -292,7 +291,7 @@ class IdentityWatcher:
             await conn.close(code=close_code, reason=reason)
             self.health.malformed += conn.malformed
 
-    def _on_events(self, events: list[Event]) -> None:
+    def _on_events(self, events: list[WatchEvent]) -> None:
         """A burst of events from the socket: applied together, or held while a listing
         runs."""
         buffer = self._buffer
@@ -302,7 +301,7 @@ class IdentityWatcher:
         for event in events:
             dirty = self._dirty
             if dirty is not None:
-                dirty.add(event_chat_id(event))
+                dirty.add(event.chat.id)
                 if len(dirty) > self.settings.dirty_limit:
                     raise ResyncNeeded("too many chats changed during the listing")
                 continue
@@ -310,7 +309,7 @@ class IdentityWatcher:
             if len(buffer) > self.settings.buffer_limit:
                 # Keep which chats moved, not every event: they are re-read after the listing.
                 self.health.overflow += 1
-                self._dirty = {event_chat_id(e) for e in buffer}
+                self._dirty = {e.chat.id for e in buffer}
                 buffer.clear()
                 log.info(
                     "watch.buffer_overflow",
@@ -319,7 +318,7 @@ class IdentityWatcher:
                     note="keeping the ids of the chats that change; they are re-read after",
                 )
 
-    def _apply_burst(self, events: list[Event]) -> None:
+    def _apply_burst(self, events: list[WatchEvent]) -> None:
         """Events read in one go: one store pass and one detector pass, observed at one
         server-clock instant (they arrived together)."""
         self.health.events += len(events)
@@ -341,5 +340,5 @@ class IdentityWatcher:
         if conn is not None:
             await conn.ws.close(code=1000, message=b"reconcile failed")
 
-    async def get_chat(self, chat_id: str) -> Chat:
+    async def get_chat(self, chat_id: str) -> Observation:
         return await self.client.get_chat(chat_id)
