@@ -4,6 +4,7 @@ limiter's lock-free take, no events built for nobody, the listing requests on th
 from __future__ import annotations
 
 import asyncio
+import json
 from urllib.parse import urlencode
 
 import aiohttp
@@ -11,9 +12,13 @@ import pytest
 
 from tests.conftest import Sim
 from watchd.coder.client import CoderClient
+from watchd.coder.errors import CoderError
 from watchd.coder.transport import Transport, query
+from watchd.coder.watchstream import open_watch
 from watchd.kits.ratelimit import RateLimiter
 from watchd.telemetry.events import NullSink, RecordingSink
+from watchd.telemetry.ingest import parse_batch
+from watchd.telemetry.kinds import RULES, TransportEvent, WsRedial, own, problem
 
 UUID = "7a2bd334-3596-401b-ae1e-15035e79c1d5"
 
@@ -74,8 +79,8 @@ async def test_a_null_sink_builds_no_events(
     built: list[str] = []
     emit = Transport._emit
 
-    def counted(self: Transport, event: dict[str, object]) -> None:
-        built.append(str(event["type"]))
+    def counted(self: Transport, event: TransportEvent) -> None:
+        built.append(str(own(event)["type"]))
         emit(self, event)
 
     monkeypatch.setattr(Transport, "_emit", counted)
@@ -86,6 +91,52 @@ async def test_a_null_sink_builds_no_events(
     t = Transport(base_url=sim.url, token=alice.token, session=session, events=RecordingSink())
     await t.request("GET", "/api/v2/chats", params=[("limit", "1")])
     assert built == ["http:request", "http:response"]
+
+
+async def test_every_event_of_watchds_own_traffic_passes_ingest_validation(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """Requests that answer, fail at the server and fail to connect, a watch socket
+    opened and closed, refused and undialable, and a redial: every event watchd's own
+    transport emits is one the ingest endpoint accepts (chatId null on its watch socket)."""
+    alice = sim.state.add_user("alice")
+    events = RecordingSink()
+
+    def transport(url: str, token: str) -> Transport:
+        limiter = RateLimiter(rate=1000, burst=1000)
+        return Transport(base_url=url, token=token, session=session, events=events, limiter=limiter)
+
+    good = transport(sim.url, alice.token)
+    await good.request("GET", "/api/v2/chats", params=[("limit", "1")])
+    with pytest.raises(CoderError):
+        await good.request("GET", f"/api/v2/chats/{UUID}")
+    conn = await open_watch(good, "/api/v2", reader=1, attempt=1)
+    await conn.close()
+    with pytest.raises(CoderError):
+        await open_watch(transport(sim.url, "not-a-token"), "/api/v2", reader=1, attempt=2)
+    undialable = transport("http://127.0.0.1:1", alice.token)
+    with pytest.raises(CoderError):
+        await undialable.request("GET", "/api/v2/chats")
+    with pytest.raises(CoderError):
+        await open_watch(undialable, "/api/v2", reader=1, attempt=3)
+    good.emit_ws(
+        WsRedial,
+        reader=1,
+        attempt=3,
+        consecutiveFailures=1,
+        maxConsecutiveFailures=0,
+        backoffMs=1000,
+    )
+    own_events = [e for _, e in events.events]
+    assert {e["type"] for e in own_events} == set(RULES) - {
+        "ws:event",
+        "segment:start",
+        "segment:settle",
+    }
+    assert [(e["type"], problem(e)) for e in own_events] == [(e["type"], None) for e in own_events]
+    envelope = {"source": {"service": "watchd", "instance": "i"}, "events": own_events}
+    body = json.dumps(envelope).encode()
+    assert len(parse_batch(body, content_type="application/json", query={})) == len(own_events)
 
 
 @pytest.mark.looptime

@@ -27,6 +27,18 @@ from watchd.kits.backoff import retry_hint
 from watchd.kits.clock import ServerClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.telemetry.events import EventSink, EventSource, NullSink, now_ms
+from watchd.telemetry.kinds import (
+    HttpError,
+    HttpRequest,
+    HttpResponse,
+    TransportEvent,
+    WsClose,
+    WsDial,
+    WsError,
+    WsKind,
+    WsOpen,
+    own,
+)
 
 USER_AGENT = "watchd/0.1 (+https://github.com/coder/coder chats monitor)"
 # Every body read from Coder is bounded: a server (or a proxy) that streams forever must
@@ -118,9 +130,9 @@ class Transport:
             "User-Agent": self.user_agent,
         }
 
-    def _emit(self, event: dict[str, Any]) -> None:
+    def _emit(self, event: TransportEvent) -> None:
         with contextlib.suppress(Exception):
-            self._events.emit(self._source, event)
+            self._events.emit(self._source, own(event))
 
     async def request(
         self,
@@ -139,15 +151,7 @@ class Transport:
         self.requests += 1
         quiet = self._quiet
         if not quiet:
-            self._emit(
-                {
-                    "type": "http:request",
-                    "timestamp": now_ms(),
-                    "id": rid,
-                    "method": method,
-                    "path": full_path,
-                }
-            )
+            self._emit(HttpRequest(timestamp=now_ms(), id=rid, method=method, path=full_path))
         sent_wall = self.server_clock.wall_now()
         started = time.monotonic()
         try:
@@ -186,16 +190,15 @@ class Transport:
         ok = 200 <= status < 300
         if not quiet:
             self._emit(
-                {
-                    "type": "http:response",
-                    "timestamp": now_ms(),
-                    "id": rid,
-                    "method": method,
-                    "path": full_path,
-                    "status": status,
-                    "ok": ok,
-                    "durationMs": round(duration, 1),
-                }
+                HttpResponse(
+                    timestamp=now_ms(),
+                    id=rid,
+                    method=method,
+                    path=full_path,
+                    status=status,
+                    ok=ok,
+                    durationMs=round(duration, 1),
+                )
             )
         response = Response(status=status, headers=headers, body=body)
         if not ok:
@@ -211,15 +214,14 @@ class Transport:
 
     def _emit_error(self, rid: str, method: str, path: str, message: str, started: float) -> None:
         self._emit(
-            {
-                "type": "http:error",
-                "timestamp": now_ms(),
-                "id": rid,
-                "method": method,
-                "path": path,
-                "message": message[:300],
-                "durationMs": round((time.monotonic() - started) * 1000, 1),
-            }
+            HttpError(
+                timestamp=now_ms(),
+                id=rid,
+                method=method,
+                path=path,
+                message=message[:300],
+                durationMs=round((time.monotonic() - started) * 1000, 1),
+            )
         )
 
     @staticmethod
@@ -250,14 +252,7 @@ class Transport:
         url = self.base_url + path
         ws_url = "ws" + url[4:] if url.startswith("http") else url
         self._emit(
-            {
-                "type": "ws:dial",
-                "timestamp": now_ms(),
-                "reader": reader,
-                "attempt": attempt,
-                "url": ws_url,
-                "chatId": None,
-            }
+            WsDial(timestamp=now_ms(), reader=reader, attempt=attempt, url=ws_url, chatId=None)
         )
         sent_wall = self.server_clock.wall_now()
         try:
@@ -278,24 +273,14 @@ class Transport:
                     f"upgrade not completed within {self.handshake_timeout:g}s"
                 ) from None
         except aiohttp.WSServerHandshakeError as exc:
-            self._emit(
-                {
-                    "type": "ws:error",
-                    "timestamp": now_ms(),
-                    "reader": reader,
-                    "attempt": attempt,
-                    "message": f"upgrade refused: HTTP {exc.status}",
-                }
+            self.emit_ws(
+                WsError,
+                reader=reader,
+                attempt=attempt,
+                message=f"upgrade refused: HTTP {exc.status}",
             )
-            self._emit(
-                {
-                    "type": "ws:close",
-                    "timestamp": now_ms(),
-                    "reader": reader,
-                    "attempt": attempt,
-                    "code": exc.status,
-                    "reason": "upgrade refused",
-                }
+            self.emit_ws(
+                WsClose, reader=reader, attempt=attempt, code=exc.status, reason="upgrade refused"
             )
             headers = dict(exc.headers or {})
             hint = retry_hint(headers, server_now=self.server_clock.now())
@@ -308,48 +293,17 @@ class Transport:
             ) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             message = f"{type(exc).__name__}: {exc}"[:300]
-            self._emit(
-                {
-                    "type": "ws:error",
-                    "timestamp": now_ms(),
-                    "reader": reader,
-                    "attempt": attempt,
-                    "message": message,
-                }
-            )
-            self._emit(
-                {
-                    "type": "ws:close",
-                    "timestamp": now_ms(),
-                    "reader": reader,
-                    "attempt": attempt,
-                    "code": 1006,
-                    "reason": "dial failed",
-                }
-            )
+            self.emit_ws(WsError, reader=reader, attempt=attempt, message=message)
+            self.emit_ws(WsClose, reader=reader, attempt=attempt, code=1006, reason="dial failed")
             raise CoderError(status=None, message=message, method="GET", path=path) from None
         date = ws._response.headers.get("Date") if ws._response is not None else None
         self.server_clock.observe(date, sent_at=sent_wall, received_at=self.server_clock.wall_now())
-        self._emit(
-            {
-                "type": "ws:open",
-                "timestamp": now_ms(),
-                "reader": reader,
-                "attempt": attempt,
-                "chatId": None,
-            }
-        )
+        self.emit_ws(WsOpen, reader=reader, attempt=attempt)
         return ws
 
-    def emit_ws(self, event_type: str, *, reader: int, attempt: int, **fields: Any) -> None:
-        """Emit a ``ws:*`` event for a connection dialed through :meth:`ws_connect`."""
-        self._emit(
-            {
-                "type": event_type,
-                "timestamp": now_ms(),
-                "reader": reader,
-                "attempt": attempt,
-                "chatId": None,
-                **fields,
-            }
-        )
+    def emit_ws(self, kind: type[WsKind], *, reader: int, attempt: int, **fields: Any) -> None:
+        """Emit a ``ws:*`` event for a connection dialed through :meth:`ws_connect` (the
+        watch socket is every chat's of the identity: ``chatId`` is null)."""
+        if self._quiet:
+            return
+        self._emit(kind(timestamp=now_ms(), reader=reader, attempt=attempt, chatId=None, **fields))

@@ -19,6 +19,7 @@ from watchd.coder.models import MalformedFrame, ServerFrameError
 from watchd.coder.observing import WatchEvent
 from watchd.coder.transport import Transport
 from watchd.coder.wire import read_event
+from watchd.telemetry.kinds import WsClose, WsError
 
 # Coder pings every 15 s and gives up after 15 s without a pong; our own
 # ping on a 20 s cadence notices a dead TCP path within ~30 s.
@@ -86,7 +87,7 @@ class WatchConnection:
                     except MalformedFrame as exc:
                         self.malformed += 1
                         self.transport.emit_ws(
-                            "ws:error",
+                            WsError,
                             reader=self.reader,
                             attempt=self.attempt,
                             message=f"malformed frame: {exc}"[:300],
@@ -94,7 +95,7 @@ class WatchConnection:
                         raise ResyncNeeded(str(exc)) from None
                     except ServerFrameError as exc:
                         self.transport.emit_ws(
-                            "ws:error",
+                            WsError,
                             reader=self.reader,
                             attempt=self.attempt,
                             message=f"server error frame: {exc}"[:300],
@@ -142,7 +143,7 @@ class WatchConnection:
         if code is not None:
             fields["code"] = code
             fields["reason"] = reason
-        self.transport.emit_ws("ws:close", reader=self.reader, attempt=self.attempt, **fields)
+        self.transport.emit_ws(WsClose, reader=self.reader, attempt=self.attempt, **fields)
         if not self.ws.closed:
             await self.ws.close()
 

@@ -26,67 +26,11 @@ from typing import Any
 import orjson
 
 from watchd.telemetry.events import EventSource
+from watchd.telemetry.kinds import problem
 
 MAX_EVENTS_PER_BATCH = 10_000
 # Events (or NDJSON lines) validated between two yields to the loop: ~0.1-0.2 ms of work.
 STEP = 100
-_NUM = (int, float)
-
-# Required fields per type, and their JSON types (bool excluded from numbers).
-REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
-    "http:request": {"id": (str, int), "method": (str,), "path": (str,)},
-    "http:response": {
-        "id": (str, int),
-        "method": (str,),
-        "path": (str,),
-        "status": (int,),
-        "durationMs": _NUM,
-    },
-    "http:error": {
-        "id": (str, int),
-        "method": (str,),
-        "path": (str,),
-        "message": (str,),
-        "durationMs": _NUM,
-    },
-    "ws:dial": {"chatId": (str,), "attempt": (int,), "url": (str,)},
-    "ws:open": {"chatId": (str,), "attempt": (int,)},
-    "ws:event": {"chatId": (str,), "attempt": (int,)},
-    "ws:close": {"chatId": (str,), "attempt": (int,)},
-    "ws:error": {"chatId": (str,), "attempt": (int,), "message": (str,)},
-    "ws:redial": {
-        "chatId": (str,),
-        "attempt": (int,),
-        "consecutiveFailures": (int,),
-        "maxConsecutiveFailures": (int,),
-        "backoffMs": _NUM,
-    },
-    "segment:start": {"segment": (int,)},
-    "segment:settle": {"segment": (int,), "durationMs": _NUM},
-}
-OPTIONAL: dict[str, tuple[type, ...]] = {
-    "reader": (int,),
-    "chatId": (str,),
-    "code": (int,),
-    "reason": (str,),
-    "ok": (bool,),
-    "status": (str, int),
-    "finishReason": (str,),
-    "error": (dict,),
-    "event": (dict,),
-}
-
-
-# The same rules as check_event, as tables for the fast path (valid_event).
-_CHECKS: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
-    kind: tuple(
-        (name, types)
-        for name, types in fields.items()
-        if not (kind == "segment:start" and name == "chatId")
-    )
-    for kind, fields in REQUIRED.items()
-}
-_OPTIONAL = tuple(OPTIONAL.items())
 
 
 class IngestError(ValueError):
@@ -118,59 +62,13 @@ def _source(obj: Any, where: str) -> EventSource:
 
 
 def check_event(ev: Any, where: str) -> dict[str, Any]:
-    if not isinstance(ev, dict):
-        raise IngestError(f"{where}: expected an event object")
-    kind = ev.get("type")
-    if not isinstance(kind, str):
-        raise IngestError(f"{where}.type: required, a string")
-    if kind not in REQUIRED:
-        raise IngestError(f"{where}.type: unknown event type {kind[:40]!r}")
-    ts = ev.get("timestamp")
-    if not isinstance(ts, _NUM) or isinstance(ts, bool) or ts < 0:
-        raise IngestError(f"{where}.timestamp: required, milliseconds since the epoch")
-    for name, types in REQUIRED[kind].items():
-        value = ev.get(name)
-        if kind == "segment:start" and name == "chatId":
-            continue
-        if value is None or isinstance(value, bool) or not isinstance(value, types):
-            raise IngestError(
-                f"{where}.{name}: required for {kind} ({'/'.join(t.__name__ for t in types)})"
-            )
-    for name, types in OPTIONAL.items():
-        value = ev.get(name)
-        if value is not None and (
-            (isinstance(value, bool) and bool not in types) or not isinstance(value, types)
-        ):
-            raise IngestError(f"{where}.{name}: must be {'/'.join(t.__name__ for t in types)}")
-    return ev
-
-
-def valid_event(ev: Any) -> bool:
-    """Whether :func:`check_event` would accept ``ev``, without building the name of
-    where it is: the per-event cost of a batch that is all valid (the usual one). A
-    False answer is explained by calling check_event (tests pin the two together)."""
-    if not isinstance(ev, dict):
-        return False
-    kind = ev.get("type")
-    if not isinstance(kind, str):
-        return False
-    checks = _CHECKS.get(kind)
-    if checks is None:
-        return False
-    ts = ev.get("timestamp")
-    if ts is None or ts.__class__ is bool or not isinstance(ts, _NUM) or ts < 0:
-        return False
-    for name, types in checks:
-        value = ev.get(name)
-        if value is None or value.__class__ is bool or not isinstance(value, types):
-            return False
-    for name, types in _OPTIONAL:
-        value = ev.get(name)
-        if value is not None and (
-            (value.__class__ is bool and bool not in types) or not isinstance(value, types)
-        ):
-            return False
-    return True
+    """``ev`` if it is a well-formed event of a known kind (the one check,
+    :func:`watchd.telemetry.kinds.problem`), else IngestError naming ``where`` and the field."""
+    wrong = problem(ev)
+    if wrong is not None:
+        raise IngestError(f"{where}{wrong}")
+    result: dict[str, Any] = ev
+    return result
 
 
 Batch = list[tuple[EventSource, dict[str, Any]]]
@@ -300,6 +198,7 @@ def _envelope(obj: dict[str, Any], where: str, room: Callable[[], int] | None = 
         if start:
             yield
         for i, ev in enumerate(events[start : start + STEP], start):
-            if not valid_event(ev):
-                check_event(ev, f"{where}.events[{i}]")  # raises, naming the field
+            wrong = problem(ev)
+            if wrong is not None:
+                raise IngestError(f"{where}.events[{i}]{wrong}")
     return [(source, ev) for ev in events]

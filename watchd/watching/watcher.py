@@ -47,6 +47,7 @@ from watchd.kits.backoff import Backoff
 from watchd.kits.clock import loop_time
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
+from watchd.telemetry.kinds import WsRedial
 from watchd.watching.diagnosing import Diagnosing
 from watchd.watching.reconciling import ChangeSink, Reconciler
 
@@ -149,7 +150,7 @@ class IdentityWatcher:
                 wait = delay if self.health.state == "auth_failed" else max(wait, delay)
             self.health.reconnects += 1
             transport.emit_ws(
-                "ws:redial",
+                WsRedial,
                 reader=1,
                 attempt=self.attempt,
                 consecutiveFailures=backoff.failures,
