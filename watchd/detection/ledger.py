@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from logging import DEBUG
-from typing import Any
+from typing import Any, get_args
 
 from watchd.alerting.model import Alert, AlertSink, resolution
 from watchd.detection.alerts import said_invalid
+from watchd.detection.budgets import ChatVerdict
 from watchd.detection.timers import TimerHeap
 from watchd.kits import logs
 from watchd.kits.clock import WallClock
@@ -27,7 +28,7 @@ from watchd.store.rows import StoredAlert
 log = logs.get("watchd.detection")
 
 HISTORY = 500
-CHAT_VERDICTS = frozenset({"ChatStuck", "ChatStranded", "ChatStalled", "ChatFailed"})
+CHAT_VERDICTS: frozenset[str] = frozenset(get_args(ChatVerdict))
 ClockKey = tuple[str, str, str]  # (identity, chat id, clock name)
 
 

@@ -11,9 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from watchd.coder.observing import Quota
 from watchd.kits.clock import ServerClock, loop_time
+
+# What an identity's watcher is doing; the words are shown in /status and IdentityUnhealthy.
+WatchState = Literal[
+    "starting",
+    "seeding",
+    "ready",
+    "reconnecting",
+    "auth_failed",
+    "unreachable",
+    "not_found",
+    "stopped",
+]
+QuotaState = Literal["ok", "unlimited", "unavailable", "error", "unknown"]
 
 
 @dataclass
@@ -22,8 +36,7 @@ class IdentityHealth:
     deployment: str
     server_clock: ServerClock
     unhealthy_after: float
-    # starting | seeding | ready | reconnecting | auth_failed | unreachable | not_found | stopped
-    state: str = "starting"
+    state: WatchState = "starting"
     ready: bool = False
     seeded_once: bool = False
     # The first seed attempt has ended, seeded or not: what READY=1 and /readyz wait for.
@@ -48,7 +61,7 @@ class IdentityHealth:
     overflow: int = 0
     prefix: str = ""
     quota: Quota | None = None
-    quota_state: str = "unknown"  # ok | unlimited | unavailable | error | unknown
+    quota_state: QuotaState = "unknown"
     quota_checked: float | None = None  # loop clock
     quota_error: str = ""
 
@@ -67,7 +80,7 @@ class IdentityHealth:
         if seconds is not None and self.on_listing is not None:
             self.on_listing(seconds)
 
-    def set_state(self, state: str, *, error: str = "") -> None:
+    def set_state(self, state: WatchState, *, error: str = "") -> None:
         was_ready = self.ready
         self.state = state
         self.ready = state == "ready"

@@ -10,7 +10,7 @@ payload does not say; it is the only place a record is made. Pure: no state, no 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NewType
+from typing import Literal, NewType
 
 import msgspec
 
@@ -24,9 +24,12 @@ ChatKey = tuple[str, str]  # (identity, chat id)
 # every later observation look stale.
 FUTURE_TOLERANCE = 30.0
 
-CLOCK_TRANSITION = "transition"
-CLOCK_SYNTHESIZED = "synthesized"
-CLOCK_LOWER_BOUND = "lower_bound"
+# How the store knows a chat's clock start (see watchd.store.chats).
+ClockSource = Literal["transition", "synthesized", "lower_bound"]
+CLOCK_TRANSITION: ClockSource = "transition"
+CLOCK_SYNTHESIZED: ClockSource = "synthesized"
+CLOCK_LOWER_BOUND: ClockSource = "lower_bound"
+ChangeKind = Literal["new", "transition", "refresh", "tombstone"]
 
 
 # Not frozen: frozen dataclasses pay object.__setattr__ per field, and one is built per
@@ -37,7 +40,7 @@ class ChatRecord:
     chat_id: str
     status: str
     since: float  # server epoch seconds the chat entered `status`
-    clock: str  # transition | synthesized | lower_bound
+    clock: ClockSource
     updated_at: float | None
     seen_at: float  # server time of our last observation
     owner: str = ""
@@ -64,7 +67,7 @@ class ChatRecord:
 class Change(msgspec.Struct, gc=False):
     """What an observation did to the store (treated as immutable)."""
 
-    kind: str  # new | transition | refresh | tombstone
+    kind: ChangeKind
     record: ChatRecord
     previous: ChatRecord | None
     reason: str = ""  # for tombstones: archived | gone (404) | missing from two listings
@@ -75,7 +78,7 @@ def build(
     chat: Observation,
     *,
     since: float,
-    clock: str,
+    clock: ClockSource,
     now: float,
     version: int,
     previous: ChatRecord | None = None,

@@ -18,7 +18,7 @@ from watchd.coder.errors import CoderError, PayloadError
 from watchd.config.watching import QuotaConfig
 from watchd.kits import logs
 from watchd.kits.clock import loop_time
-from watchd.store.health import IdentityHealth
+from watchd.store.health import IdentityHealth, QuotaState
 
 log = logs.get("watchd.quota")
 
@@ -119,7 +119,7 @@ class QuotaWatcher:
         else:
             self.alerts.clear_alert(self.fp, why="quota headroom recovered")
 
-    def _state(self, state: str, message: str) -> None:
+    def _state(self, state: QuotaState, message: str) -> None:
         if self.health.quota_state != state:
             log.info("quota.state", identity=self.health.name, state=state, note=message)
         self.health.quota_state = state

@@ -46,7 +46,7 @@ from watchd.kits import logs
 from watchd.kits.backoff import Backoff
 from watchd.kits.clock import loop_time
 from watchd.store.chats import ChatStore
-from watchd.store.health import IdentityHealth
+from watchd.store.health import IdentityHealth, WatchState
 from watchd.telemetry.kinds import WsRedial
 from watchd.watching.diagnosing import Diagnosing
 from watchd.watching.reconciling import ChangeSink, Reconciler
@@ -208,7 +208,7 @@ class IdentityWatcher:
         self._lost("unreachable", str(exc))
         return exc.retry_after
 
-    def _lost(self, state: str, error: str) -> None:
+    def _lost(self, state: WatchState, error: str) -> None:
         self.health.set_state(state, error=error)
         self.changes.readiness_changed(self.name)
         log.warning("watch.lost", identity=self.name, state=state, error=error)
