@@ -431,7 +431,6 @@ def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
     from watchd.coder.client import CoderClient
     from watchd.coder.transport import Response
     from watchd.config.watching import Budgets
-    from watchd.daemon.identities import TimedConfirmer
     from watchd.detection.detector import Detector
     from watchd.kits.clock import ServerClock
     from watchd.sim.payloads import chat_json
@@ -488,8 +487,7 @@ def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
             listing_gate=asyncio.Semaphore(1),
             settings=WatchSettings(),
         )
-        confirmer = TimedConfirmer(watcher, lambda seconds: None)
-        det.register(health, confirmer=confirmer, budgets=Budgets(), labels={})
+        det.register(health, confirmer=watcher.rereads, budgets=Budgets(), labels={})
         await watcher.relist()  # the seed: every chat is new
         assert len(store) == chats
         c0 = time.process_time()

@@ -266,7 +266,7 @@ async def test_a_confirmed_refusal_fires_without_the_outage_grace() -> None:
     )
 
     class NoConfirm:
-        async def get_chat(self, chat_id: str) -> object:
+        async def reread(self, chat_id: str) -> object:
             raise AssertionError
 
     for h in (refused, down):

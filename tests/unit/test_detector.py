@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from msgspec.structs import replace
@@ -61,14 +61,22 @@ class FakeConfirmer:
     ) -> None:
         self.server, self.store, self.det, self.name, self.clock = server, store, det, name, clock
 
-    async def get_chat(self, chat_id: str) -> Observation:
+    async def reread(self, chat_id: str) -> Literal["read", "gone"]:
+        """As the watcher's Rereads answers: into the store, the changes to the sink."""
         self.server.gets += 1
         self.server.read("get")
         if self.server.fail:
             raise CoderError(status=503, message="down")
         if chat_id not in self.server.chats:
-            raise CoderError(status=404, message="Resource not found")
-        return self.server.chats[chat_id]
+            gone = self.store.tombstone(self.name, chat_id, reason="gone", via="confirm")
+            if gone is not None:
+                self.det.apply(self.name, [gone])
+            return "gone"
+        chat = self.server.chats[chat_id]
+        change = self.store.observe(self.name, chat, now=self.clock.now(), via="confirm")
+        if change is not None:
+            self.det.apply(self.name, [change])
+        return "read"
 
     async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
         self.server.lists += 1
@@ -283,14 +291,16 @@ async def test_confirmation_that_shows_progress_does_not_fire() -> None:
 
 
 async def test_failed_confirmation_fires_nothing() -> None:
-    """When the re-read fails, nothing fires and the identity says why."""
+    """When the re-read fails, nothing fires and the re-read is tried again later (the
+    watcher notes why in the identity's health: test_watching)."""
     async with rig(Budgets(running=60)) as r:
         r.ready()
         r.server.fail = True
         r.see("c1", "running", r.clock.now() - 120)
         await r.settle()
         assert r.sink.alerts == []
-        assert "confirmation failed" in r.health.last_error
+        assert r.det.counters["confirm_failed"] == 1
+        assert ("a", "c1", "status") in r.det.timers._live
 
 
 async def test_gone_chat_is_tombstoned_on_confirmation() -> None:
@@ -537,17 +547,17 @@ async def test_a_confirmer_that_raises_restarts_and_the_identity_still_alerts() 
     async with rig(Budgets(running=300)) as r:
         r.ready()
         confirmer = r.det.watched["a"].confirmer
-        real = confirmer.get_chat
+        real = confirmer.reread
         calls = 0
 
-        async def flaky(chat_id: str) -> Observation:
+        async def flaky(chat_id: str) -> Literal["read", "gone"]:
             nonlocal calls
             calls += 1
             if calls == 1:
                 raise RuntimeError("a bug in the confirmer")
             return await real(chat_id)
 
-        confirmer.get_chat = flaky  # type: ignore[method-assign]
+        confirmer.reread = flaky  # type: ignore[method-assign]
         before = TASKS.restarts["confirm"]
         r.see("c1", "running", r.clock.now() - 400)
         await r.settle()

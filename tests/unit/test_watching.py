@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -16,11 +16,10 @@ from tests.conftest import Sim
 from watchd.alerting.model import Alert
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError
-from watchd.coder.models import WatchEvent
+from watchd.coder.observing import WatchEvent
 from watchd.coder.transport import Transport
 from watchd.coder.watchstream import ResyncNeeded, open_watch
 from watchd.config.watching import Budgets
-from watchd.daemon.identities import TimedConfirmer
 from watchd.detection.detector import Detector
 from watchd.kits.backoff import Backoff
 from watchd.kits.clock import ServerClock
@@ -28,6 +27,7 @@ from watchd.kits.ratelimit import RateLimiter
 from watchd.sim.records import SimUser
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
+from watchd.store.records import Change
 from watchd.telemetry.events import Event, EventSource, RecordingSink
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
@@ -181,8 +181,7 @@ async def watching(
         token_provider=lambda: user.token,
         rng=random.Random(2),
     )
-    confirmer = TimedConfirmer(w, lambda seconds: None)  # as the daemon wires it
-    det.register(health, confirmer=confirmer, budgets=Budgets(running=3600), labels={})
+    det.register(health, confirmer=w.rereads, budgets=Budgets(running=3600), labels={})
     tasks = [asyncio.create_task(w.watch_forever()), asyncio.create_task(det.run())]
     try:
         yield Rig(w, health, store, events, alerts)
@@ -361,3 +360,55 @@ async def test_reconcile_relists_at_exactly_the_jittered_interval(
         assert listings[0] == pytest.approx(0.0, abs=1e-6)  # the seed
         assert listings[1:] == pytest.approx(expected, abs=2e-6)
         assert len(expected) == 3 and r.health.relists == 4
+
+
+class Changes:
+    """A change sink that keeps what it is handed."""
+
+    def __init__(self) -> None:
+        self.changes: list[Change] = []
+
+    def apply(self, identity: str, changes: Iterable[Change]) -> None:
+        self.changes.extend(changes)
+
+    def readiness_changed(self, name: str) -> None:
+        return None
+
+
+async def test_confirmation_reads_answer_through_the_store_and_the_sink(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """A re-read detection asks for lands in the store and reaches the change sink tagged
+    "confirm" (a 404 as a tombstone); a failed one is noted in the identity's health,
+    timed, and raised; detection writes neither."""
+    alice = sim.state.add_user("alice")
+    chat = sim.state.add_chat(alice, title="t", status="running", publish=False)
+    store, sink, timed = ChatStore(), Changes(), []
+    health = IdentityHealth(
+        name="alice", deployment=sim.url, server_clock=ServerClock(), unhealthy_after=60
+    )
+    health.on_confirmation = timed.append
+    w = IdentityWatcher(
+        health=health,
+        client=CoderClient(transport(sim, alice, session), prefix="/api/v2"),
+        store=store,
+        changes=sink,
+        listing_gate=asyncio.Semaphore(1),
+        settings=FAST,
+    )
+    assert await w.rereads.reread(chat.id) == "read"
+    assert [(c.kind, c.via) for c in sink.changes] == [("new", "confirm")]
+    sim.state.delete(chat.id)
+    assert await w.rereads.reread(chat.id) == "gone"
+    assert [(c.kind, c.reason, c.via) for c in sink.changes[1:]] == [
+        ("tombstone", "gone", "confirm")
+    ]
+    assert store.get("alice", chat.id) is None and health.last_error == ""
+    down = Transport(
+        base_url="http://127.0.0.1:1", token=alice.token, session=session, identity="alice"
+    )
+    w.rereads.client = CoderClient(down, prefix="/api/v2")
+    with pytest.raises(CoderError):
+        await w.rereads.reread(chat.id)
+    assert health.last_error.startswith("confirmation failed: ")
+    assert len(timed) == 3

@@ -13,14 +13,12 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import aiohttp
 
 from watchd.alerting.dispatch import Dispatcher
 from watchd.coder.client import CoderClient
-from watchd.coder.observing import Observation
 from watchd.coder.transport import USER_AGENT, Transport
 from watchd.config import secrets
 from watchd.config.model import Config
@@ -29,14 +27,12 @@ from watchd.config.watching import IdentityConfig, QuotaConfig
 from watchd.daemon.metrics import Metrics
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
-from watchd.detection.diagnosis import Facts
 from watchd.kits import logs
 from watchd.kits.clock import ServerClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
 from watchd.store.persistence import StateDB
-from watchd.store.records import ChatRecord
 from watchd.telemetry.events import EventSink, own_source
 from watchd.watching.quota import QuotaWatcher
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
@@ -46,30 +42,6 @@ log = logs.get("watchd.daemon")
 # How many identities may list at once: after a Coder restart, 50 watchers must not
 # all list in the same second.
 CONCURRENT_LISTINGS = 4
-
-
-class TimedConfirmer:
-    """The detector's confirmer for one identity, with each confirmation read timed."""
-
-    def __init__(self, watcher: IdentityWatcher, observe: Callable[[float], None]) -> None:
-        self.watcher = watcher
-        self.observe = observe
-
-    async def get_chat(self, chat_id: str) -> Observation:
-        t0 = asyncio.get_running_loop().time()
-        try:
-            return await self.watcher.get_chat(chat_id)
-        finally:
-            self.observe(asyncio.get_running_loop().time() - t0)
-
-    async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
-        await self.watcher.relist(on_page=on_page)
-
-    async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
-        got = await self.watcher.diagnosing.read(record, lookup=lookup)
-        return Facts(
-            record=record, build=got.build, quota=got.quota, build_checked=got.build_checked
-        )
 
 
 def reread_token(ident: IdentityConfig) -> str:
@@ -170,6 +142,7 @@ class Identities:
             server_clock=clock,
             unhealthy_after=ident.unhealthy_after,
             on_listing=self.metrics.listing.labels(name).observe,
+            on_confirmation=self.metrics.confirmation.labels(name).observe,
         )
         transport = Transport(
             base_url=ident.url,
@@ -199,7 +172,7 @@ class Identities:
         self.watchers[name] = watcher
         self.detector.register(
             health,
-            confirmer=TimedConfirmer(watcher, self.metrics.confirmation.labels(name).observe),
+            confirmer=watcher.rereads,
             budgets=config.budgets_for(ident),
             labels=ident.labels,
         )

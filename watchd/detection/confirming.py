@@ -4,10 +4,14 @@ A due chat is re-read by a rate-limited GET, or, when many are due together, by
 one listing (a burst is let to settle first, so it takes one listing, not one per
 slice; a chat that comes due while it runs is confirmed by it when a later page reads
 it, :class:`LatePages`). Only what the re-read still shows past budget fires, in one synchronous
-pass. Each loop runs under the task guard (:func:`watchd.kits.tasks.spawn`): a
-confirmer that raises restarts the loop (counted, logged with its traceback) and
-the chats of the failed batch come due again. Fires through the ledger; arms no
-timer itself except the retry after a failed re-read.
+pass. Re-reads are *asked* of the identity's watcher through the
+:class:`~watchd.detection.watched.Confirmer` port; what they find arrives as ordinary
+store changes through the detector's ``apply``, so nothing here writes the store or an
+identity's health. Each loop runs under the task guard (:func:`watchd.kits.tasks.spawn`):
+a confirmer that raises restarts the loop (counted, logged with its traceback) and the
+chats of the failed batch come due again. Fires through the ledger; arms no timer itself
+except the retry after a failed re-read. What a listing does while its pages arrive is
+:mod:`watchd.detection.drafting`.
 """
 
 from __future__ import annotations
@@ -15,29 +19,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
 
 import structlog
 
 from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.observing import Observation
-from watchd.config.watching import Budgets
 from watchd.detection.alerts import Draft, Renderer
 from watchd.detection.budgets import Clock, Overdue, past_budget
 from watchd.detection.diagnosis import Facts
+from watchd.detection.drafting import Drafted, Drafting, LatePages
 from watchd.detection.ledger import ClockKey, Ledger
 from watchd.detection.timers import TimerHeap
+from watchd.detection.watched import Arming, Watched
 from watchd.kits import logs
 from watchd.kits.clock import WallClock
 from watchd.kits.heap import collector_paused
 from watchd.kits.tasks import spawn
 from watchd.store.chats import ChatStore
-from watchd.store.health import IdentityHealth
-from watchd.store.records import Change, ChatRecord
+from watchd.store.records import ChatRecord
 
 log = logs.get("watchd.detection")
 
@@ -50,147 +51,10 @@ SETTLE_LOOKAHEAD = 0.25  # a deadline this close still belongs to the burst
 SETTLE_MAX = 1.0
 # Workspace builds read for one burst's diagnosis; the rest use what is cached.
 BURST_LOOKUPS = 20
-# Alerts drafted between two looks at the loop while a listing's pages arrive. Small: the
-# listing's own task passes several loop turns between two pages and can wait up to one
-# step at each; at 100 a step (≈ 2.5 ms) the latency case's listing read 0.2-0.4 s
-# longer with drafting than without, at 10 it did not.
-DRAFT_STEP = 10
 
 
-class Confirmer(Protocol):
-    """What the detector needs from an identity's watcher."""
-
-    async def get_chat(self, chat_id: str) -> Observation: ...
-
-    async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
-        """List the identity's chats into the store; ``on_page(ids read so far)`` after
-        each page."""
-
-    async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts: ...
-
-
-class Arming(Protocol):
-    """What confirming needs back from the detector: changes a re-read found, a clock to
-    arm again, a look at the heap."""
-
-    def apply(self, identity: str, changes: Iterable[Change]) -> None: ...
-
-    def arm(self, rec: ChatRecord) -> None: ...
-
-    def wake(self) -> None: ...
-
-
-@dataclass
-class Watched:
-    health: IdentityHealth
-    confirmer: Confirmer
-    budgets: Budgets
-    labels: Mapping[str, str]
-    pending: dict[ClockKey, float] = field(default_factory=dict)
-    deferred: set[ClockKey] = field(default_factory=set)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    # status → budget seconds (None: never stuck), filled on first use per status.
-    limits: dict[str, float | None] = field(default_factory=dict)
-
-
-class LatePages:
-    """Which chats that came due *during* a confirmation listing one of its later pages
-    read. Pages are asked for one after another, so a page that arrives after a chat was
-    already due was asked for after it came due: it re-read the chat past its budget, as
-    a confirmation must. A chat the listing had read before it came due is not counted."""
-
-    def __init__(self, pending: Mapping[ClockKey, float], batch: Iterable[ClockKey]) -> None:
-        self.pending = pending
-        self.known = set(batch)  # the batch (confirmed anyway), and chats sorted below
-        self.waiting: list[ClockKey] = []  # due before the last page was asked for
-        self.confirmed: list[ClockKey] = []
-
-    def seen(self, present: AbstractSet[str]) -> None:
-        still: list[ClockKey] = []
-        for key in self.waiting:
-            (self.confirmed if key[1] in present else still).append(key)
-        self.waiting = still
-        for key in self.pending:
-            if key not in self.known:
-                self.known.add(key)
-                if key[1] not in present:  # read before it came due: not confirmed
-                    self.waiting.append(key)
-
-
-class Drafted(NamedTuple):
-    """A due chat's verdict and alert as drafted from the record a page re-read."""
-
-    rec: ChatRecord
-    past: Overdue
-    since: float
-    fp: str
-    draft: Draft
-
-
-class Drafting:
-    """Alerts drafted while a confirmation listing's pages arrive, so the fire pass after
-    it only checks and finishes them (issue 18: the pass ran after the last page, while the
-    loop had waited idle for each page before).
-
-    :meth:`seen` (after each page) queues the due chats that page read; :meth:`run` (a
-    task beside the listing) drafts them a few at a time, so a page that arrives is read
-    after at most DRAFT_STEP drafts. A draft is only work done early: the fire pass uses
-    it for a chat whose record is still the very one it was drafted from, with the same
-    verdict, and renders every other chat as it always did, so what fires is the same.
-    """
-
-    def __init__(self, confirming: Confirming, w: Watched, batch: Iterable[ClockKey]) -> None:
-        self.confirming = confirming
-        self.w = w
-        self.unread: dict[str, list[ClockKey]] = {}  # chat id -> its due clocks
-        for key in batch:
-            self.unread.setdefault(key[1], []).append(key)
-        self.queue: list[ClockKey] = []
-        self.drafts: dict[ClockKey, Drafted] = {}
-        self.wake = asyncio.Event()
-
-    def seen(self, present: AbstractSet[str]) -> None:
-        unread = self.unread
-        read = [cid for cid in unread if cid in present]
-        for cid in read:
-            self.queue += unread.pop(cid)
-        if self.queue:
-            self.wake.set()
-
-    async def run(self) -> None:
-        while True:
-            await self.wake.wait()
-            self.wake.clear()
-            queue = self.queue
-            while queue:
-                step = queue[-DRAFT_STEP:]
-                del queue[-DRAFT_STEP:]
-                for key in step:
-                    self._draft(key)
-                await asyncio.sleep(0)
-
-    def _draft(self, key: ClockKey) -> None:
-        c, w = self.confirming, self.w
-        rec = c.store.get(key[0], key[1])
-        if rec is None:
-            return
-        clock: Clock = "stalled" if key[2] == "stalled" else "status"
-        past = c._past(w, rec, clock)
-        if past is None:
-            return  # the fire pass says "unfounded" (and re-arms) as it always did
-        since, fp = c._identified(w, rec, clock, past)
-        if fp in c.ledger.firing:
-            return
-        draft = c.renderer.draft(
-            rec,
-            deployment=w.health.deployment,
-            labels=w.labels,
-            name=past.alert,
-            limit=past.budget,
-            since=since,
-        )
-        self.drafts[key] = Drafted(rec, past, since, fp, draft)
+# A due chat in the fire pass: record, clock, verdict, clock start, fingerprint, draft.
+_Due = tuple[ChatRecord, Clock, Overdue, float, str, "Draft | None"]
 
 
 class Confirming:
@@ -288,7 +152,7 @@ class Confirming:
         loop = asyncio.get_running_loop()
         started = loop.time()
         pages = LatePages(w.pending, batch)
-        drafting = Drafting(self, w, batch)
+        drafting = Drafting(lambda key: self._draft(w, key), batch)
 
         def seen(present: AbstractSet[str]) -> None:
             pages.seen(present)
@@ -325,6 +189,29 @@ class Confirming:
                 items.append((rec, "stalled" if clock == "stalled" else "status"))
         await self._verdicts(w, items, drafts=drafting.drafts)
 
+    def _draft(self, w: Watched, key: ClockKey) -> Drafted | None:
+        """A due chat's alert drafted from its record as a page re-read it, or None when
+        the chat is no longer past budget (the fire pass says "unfounded") or fires."""
+        rec = self.store.get(key[0], key[1])
+        if rec is None:
+            return None
+        clock: Clock = "stalled" if key[2] == "stalled" else "status"
+        past = self._past(w, rec, clock)
+        if past is None:
+            return None
+        since, fp = self._identified(w, rec, clock, past)
+        if fp in self.ledger.firing:
+            return None
+        draft = self.renderer.draft(
+            rec,
+            deployment=w.health.deployment,
+            labels=w.labels,
+            name=past.alert,
+            limit=past.budget,
+            since=since,
+        )
+        return Drafted(rec, past, since, fp, draft)
+
     async def _one(self, w: Watched, key: ClockKey) -> None:
         with structlog.contextvars.bound_contextvars(identity=key[0], chat_id=key[1]):
             await self._one_bound(w, key)
@@ -340,29 +227,19 @@ class Confirming:
             return
         self.counters["confirm_get"] += 1
         try:
-            chat = await w.confirmer.get_chat(chat_id)
-        except CoderError as exc:
-            if exc.status == 404:
-                gone = self.store.tombstone(identity, chat_id, reason="gone")
-                if gone is not None:
-                    self.arming.apply(identity, [gone])
+            if await w.confirmer.reread(chat_id) == "gone":
                 return
+        except (CoderError, PayloadError) as exc:
             self._failed(w, [key], exc)
             return
-        except PayloadError as exc:
-            self._failed(w, [key], exc)
-            return
-        change = self.store.observe(identity, chat, now=w.health.server_clock.now(), via="confirm")
-        if change is not None:
-            self.arming.apply(identity, [change])
         rec = self.store.get(identity, chat_id)
         if rec is not None:
             await self._verdicts(w, [(rec, clock)])
 
     def _failed(self, w: Watched, keys: list[ClockKey], exc: Exception) -> None:
-        """The re-read failed: nothing fires; try again later; the identity says why."""
+        """The re-read failed: nothing fires; try again later (the watcher noted why in
+        the identity's health)."""
         self.counters["confirm_failed"] += 1
-        w.health.last_error = f"confirmation failed: {exc}"
         log.warning("confirm.failed", identity=w.health.name, error=str(exc), chats=len(keys))
         retry = self.wall.now() + RETRY_CONFIRM_AFTER
         for identity, chat_id, clock in keys:
@@ -377,23 +254,16 @@ class Confirming:
             self.arming.arm(rec)
             self.arming.wake()
 
-    async def _verdicts(
+    def _overdue(
         self,
         w: Watched,
         items: list[tuple[ChatRecord, Clock]],
-        *,
-        drafts: Mapping[ClockKey, Drafted] | None = None,
-    ) -> None:
-        """Fire what the confirmation shows past budget.
-
-        Facts are gathered first (a burst reads at most BURST_LOOKUPS workspace builds),
-        then every alert is fired in one synchronous pass, so a burst reaches its
-        aggregation groups together instead of trickling in over the lookups. ``drafts``
-        (:class:`Drafting`) spare that pass the work already done for a chat whose record
-        has not moved since its page re-read it.
-        """
+        drafts: Mapping[ClockKey, Drafted] | None,
+    ) -> list[_Due]:
+        """The re-read chats still past budget and not firing, each with its draft where
+        the draft still fits; the others are re-armed (counted as unfounded)."""
         firing = self.ledger.firing
-        due: list[tuple[ChatRecord, Clock, Overdue, float, str, Draft | None]] = []
+        due: list[_Due] = []
         for rec, clock in items:
             past = self._past(w, rec, clock)
             if past is None:
@@ -413,8 +283,11 @@ class Confirming:
                 draft = None
             if fp not in firing:
                 due.append((rec, clock, past, since, fp, draft))
-        if not due:
-            return
+        return due
+
+    async def _facts(self, w: Watched, due: list[_Due]) -> list[Facts]:
+        """What explains each due chat: a burst reads at most BURST_LOOKUPS workspace
+        builds (one per workspace); a chat alone reads its own."""
         burst = len(due)
         looked: set[str] = set()
         facts: list[Facts] = []
@@ -430,8 +303,34 @@ class Confirming:
                 log.info(
                     "diagnosis.partial", identity=rec.identity, chat_id=rec.chat_id, error=str(exc)
                 )
-                got = Facts(record=rec)
-            facts.append(got)
+                facts.append(Facts(record=rec))
+                continue
+            facts.append(
+                Facts(record=rec, build=got.build, quota=got.quota, build_checked=got.build_checked)
+            )
+        return facts
+
+    async def _verdicts(
+        self,
+        w: Watched,
+        items: list[tuple[ChatRecord, Clock]],
+        *,
+        drafts: Mapping[ClockKey, Drafted] | None = None,
+    ) -> None:
+        """Fire what the confirmation shows past budget.
+
+        Facts are gathered first (a burst reads at most BURST_LOOKUPS workspace builds),
+        then every alert is fired in one synchronous pass, so a burst reaches its
+        aggregation groups together instead of trickling in over the lookups. ``drafts``
+        (:class:`Drafting`) spare that pass the work already done for a chat whose record
+        has not moved since its page re-read it.
+        """
+        due = self._overdue(w, items, drafts)
+        if not due:
+            return
+        burst = len(due)
+        facts = await self._facts(w, due)
+        firing = self.ledger.firing
         fired: list[Alert] = []
         invalid = self.ledger.invalid
         draft_of = self.renderer.draft

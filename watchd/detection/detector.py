@@ -21,9 +21,10 @@ from watchd.coder.models import KNOWN_STATUSES
 from watchd.config.watching import Budgets
 from watchd.detection.alerts import Renderer, identity_unhealthy
 from watchd.detection.budgets import ERROR, RUNNING, budget
-from watchd.detection.confirming import Confirmer, Confirming, Watched
+from watchd.detection.confirming import Confirming
 from watchd.detection.ledger import ClockKey, Ledger
 from watchd.detection.timers import TimerHeap
+from watchd.detection.watched import Confirmer, Watched
 from watchd.kits import logs
 from watchd.kits.clock import SystemClock, WallClock, loop_time
 from watchd.kits.tasks import CRASH_LOOP, TASKS

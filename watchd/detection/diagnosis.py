@@ -7,10 +7,24 @@ record, workspace build, quota headroom) are gathered by the caller.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from watchd.coder.models import WorkspaceBuild
 from watchd.coder.observing import Quota
 from watchd.store.records import ChatRecord
+
+
+class Reading(Protocol):
+    """What the watcher's reads for a stuck chat found (its Confirmer port's answer)."""
+
+    @property
+    def build(self) -> WorkspaceBuild | None: ...
+
+    @property
+    def quota(self) -> Quota | None: ...
+
+    @property
+    def build_checked(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)

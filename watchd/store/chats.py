@@ -131,14 +131,14 @@ class ChatStore:
             del recs[chat.id]
             self._count -= 1
             self._seen.pop((identity, chat.id), None)
-            return Change("tombstone", old, old, reason="archived")
+            return Change("tombstone", old, old, reason="archived", via=via)
         if kind == "deleted":
             if old is None:
                 return None
             del recs[chat.id]
             self._count -= 1
             self._seen.pop((identity, chat.id), None)
-            return Change("tombstone", old, old, reason="deleted")
+            return Change("tombstone", old, old, reason="deleted", via=via)
         if (
             old is not None
             and via != "confirm"  # a confirmation read is authoritative
@@ -161,7 +161,7 @@ class ChatStore:
             )
             recs[chat.id] = rec
             self._count += 1
-            return Change("new", rec, None)
+            return Change("new", rec, None, via=via)
         if chat.status != old.status:
             if via == "watch":
                 clock = CLOCK_TRANSITION
@@ -178,7 +178,7 @@ class ChatStore:
                 previous=old,
             )
             recs[chat.id] = rec
-            return Change("transition", rec, old)
+            return Change("transition", rec, old, via=via)
         if says_nothing_new(
             old,
             status=chat.status,
@@ -199,7 +199,7 @@ class ChatStore:
             previous=old,
         )
         recs[chat.id] = rec
-        return Change("refresh", rec, old)
+        return Change("refresh", rec, old, via=via)
 
     def observe_events(
         self, identity: str, events: Iterable[WatchEvent], *, now: float
@@ -284,7 +284,9 @@ class ChatStore:
         self.finish_listing(identity, present, started=started)
         return changes
 
-    def tombstone(self, identity: str, chat_id: str, *, reason: str) -> Change | None:
+    def tombstone(
+        self, identity: str, chat_id: str, *, reason: str, via: str = ""
+    ) -> Change | None:
         absent = self._absent.get(identity)
         if absent:
             absent.pop(chat_id, None)
@@ -293,7 +295,7 @@ class ChatStore:
             return None
         self._count -= 1
         self._seen.pop((identity, chat_id), None)
-        return Change("tombstone", old, old, reason=reason)
+        return Change("tombstone", old, old, reason=reason, via=via)
 
 
 def says_nothing_new(

@@ -67,6 +67,8 @@ class IdentityHealth:
 
     # Told each complete listing's duration (the daemon's histogram); not compared or shown.
     on_listing: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
+    # Told each confirmation read's duration (the daemon's histogram), likewise.
+    on_confirmation: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
     _last_list_seconds: float | None = field(default=None, repr=False)
 
     @property

@@ -71,6 +71,8 @@ class Change(msgspec.Struct, gc=False):
     record: ChatRecord
     previous: ChatRecord | None
     reason: str = ""  # for tombstones: archived | gone (404) | missing from two listings
+    # How it was learned: watch | listing | confirm (a re-read detection asked for).
+    via: str = ""
 
 
 def build(

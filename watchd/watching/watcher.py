@@ -34,7 +34,7 @@ import structlog
 
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.observing import Observation, WatchEvent
+from watchd.coder.observing import WatchEvent
 from watchd.coder.watchstream import (
     DEFAULT_HEARTBEAT,
     ResyncNeeded,
@@ -50,6 +50,7 @@ from watchd.store.health import IdentityHealth, WatchState
 from watchd.telemetry.kinds import WsRedial
 from watchd.watching.diagnosing import Diagnosing
 from watchd.watching.reconciling import ChangeSink, Reconciler
+from watchd.watching.rereading import Rereads
 
 log = logs.get("watchd.watching")
 
@@ -118,6 +119,16 @@ class IdentityWatcher:
             absent_confirm_rate=settings.absent_confirm_rate,
             rng=self.rng,
             drop_stream=self._drop_stream,
+        )
+        # What detection asks before it fires (its Confirmer port): answered through the
+        # store and ``changes``, as every other read is.
+        self.rereads = Rereads(
+            health=health,
+            client=client,
+            store=store,
+            changes=changes,
+            reconciler=self.reconciler,
+            diagnosing=self.diagnosing,
         )
 
     # -- loop 1: reconnect forever ------------------------------------------------
@@ -340,6 +351,3 @@ class IdentityWatcher:
         conn = self._conn
         if conn is not None:
             await conn.ws.close(code=1000, message=b"reconcile failed")
-
-    async def get_chat(self, chat_id: str) -> Observation:
-        return await self.client.get_chat(chat_id)
