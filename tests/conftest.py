@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from watchd.kits.clock import LoopClock
 from watchd.sim.server import SimServer
 from watchd.sim.state import SimState
 
@@ -45,7 +46,8 @@ def era() -> str:
 
 @pytest.fixture
 async def sim(era: str) -> AsyncIterator[Sim]:
-    state = SimState(era=era, seed=3, ping_interval=15.0)
+    # The simulated server's clock follows the loop's (virtual under looptime).
+    state = SimState(era=era, seed=3, ping_interval=15.0, wall=LoopClock().now)
     server = SimServer(state, tick_interval=0.05)
     await server.start()
     try:

@@ -27,10 +27,11 @@ from watchd.store.persistence import StateDB
 
 # The server-clock estimate moves by fractions of a second as Date samples arrive, and a
 # chat seen "after a listing started" is spared by it: listings here are a second apart,
-# as real ones (a minute apart) always are.
+# as real ones (a minute apart) always are (on the virtual clock: no wall time passes).
 APART = 1.1
 
 
+@pytest.mark.looptime
 async def test_a_chat_the_cursor_skips_keeps_its_record_and_clock(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:
@@ -59,6 +60,7 @@ async def test_a_chat_the_cursor_skips_keeps_its_record_and_clock(
         assert r.health.absent_confirms == 3
 
 
+@pytest.mark.looptime
 async def test_a_deleted_chat_is_gone_only_after_a_404(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:
@@ -76,6 +78,7 @@ async def test_a_deleted_chat_is_gone_only_after_a_404(
         assert r.store.get("alice", chat.id) is None and r.store.absent("alice") == {}
 
 
+@pytest.mark.looptime
 async def test_an_archive_whose_event_was_lost_is_found_by_the_get(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:
@@ -93,6 +96,7 @@ async def test_an_archive_whose_event_was_lost_is_found_by_the_get(
         assert r.store.get("alice", chat.id) is None
 
 
+@pytest.mark.looptime
 async def test_many_idle_chats_missing_wait_for_a_second_listing(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:
@@ -296,6 +300,7 @@ async def test_a_revoked_token_is_noticed_through_the_next_rest_call(
         assert r.health.state == "auth_failed" and "401" in r.health.last_error
 
 
+@pytest.mark.looptime
 async def test_a_busy_stream_during_the_first_listing_keeps_dirty_ids(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:
@@ -321,6 +326,7 @@ async def test_a_busy_stream_during_the_first_listing_keeps_dirty_ids(
         assert all(r.store.get("alice", c.id).status == "waiting" for c in chats)  # type: ignore[union-attr]
 
 
+@pytest.mark.looptime
 async def test_a_deployment_without_date_headers_is_said_once(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:

@@ -22,7 +22,7 @@ from watchd.coder.watchstream import ResyncNeeded, open_watch
 from watchd.config.watching import Budgets
 from watchd.detection.detector import Detector
 from watchd.kits.backoff import Backoff
-from watchd.kits.clock import ServerClock
+from watchd.kits.clock import LoopClock, ServerClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.sim.records import SimUser
 from watchd.store.chats import ChatStore
@@ -61,7 +61,7 @@ def transport(
         identity=user.username,
         events=events,
         limiter=RateLimiter(rate=1000, burst=1000),
-        server_clock=ServerClock(),
+        server_clock=ServerClock(LoopClock()),
     )
 
 
@@ -113,6 +113,7 @@ async def test_upgrade_refusals_carry_the_status(sim: Sim, session: aiohttp.Clie
     assert err.value.status == 404
 
 
+@pytest.mark.looptime
 async def test_protocol_pings_keep_a_quiet_socket_alive(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:
@@ -213,6 +214,7 @@ async def test_seed_then_stream(sim: Sim, session: aiohttp.ClientSession) -> Non
         assert types.index("ws:open") < listing, "the socket opens before the seed listing"
 
 
+@pytest.mark.looptime
 async def test_events_during_listing_are_buffered(sim: Sim, session: aiohttp.ClientSession) -> None:
     """A transition published while the seed listing is in flight is applied after it."""
     alice = sim.state.add_user("alice")
@@ -375,6 +377,7 @@ class Changes:
         return None
 
 
+@pytest.mark.looptime
 async def test_confirmation_reads_answer_through_the_store_and_the_sink(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:

@@ -29,6 +29,19 @@ class SystemClock:
         return time.time()
 
 
+class LoopClock:
+    """Wall time that advances with the running event loop's clock: the host's time when
+    it is made, then the loop's. On a real loop it tracks the host clock (without its
+    steps); on a virtual loop (looptime in tests) a sleep of an hour passes an hour here
+    too, so what judges time in status runs on the virtual clock."""
+
+    def __init__(self) -> None:
+        self._epoch = time.time() - loop_time()
+
+    def now(self) -> float:
+        return self._epoch + loop_time()
+
+
 def loop_time() -> float:
     """The running event loop's clock (what scheduling uses), or the monotonic clock that
     asyncio's loop reads when none is running (a record built before the loop starts).

@@ -8,7 +8,7 @@ concrete URL path, over a sliding one-minute window on the host's clock, with th
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 
 from watchd.sim.records import SimError
 
@@ -18,6 +18,7 @@ class HttpRate:
 
     rate_limit: int
     clock_offset: float
+    wall: Callable[[], float]
     _rate: dict[tuple[str, str], tuple[int, int, int]]
 
     def check_rate(self, user_id: str, path: str) -> dict[str, str]:
@@ -25,7 +26,7 @@ class HttpRate:
         (every ``/chats/<id>`` its own bucket), over a sliding one-minute window — the
         previous window's count weighs in by how much of it still overlaps. Raises 429
         with ``Retry-After: 60`` and the ``X-RateLimit-*`` headers."""
-        now = time.time()
+        now = self.wall()
         window = int(now // 60) * 60
         key = (user_id, path)
         start, count, previous = self._rate.get(key, (window, 0, 0))

@@ -44,8 +44,12 @@ class SimState(PubSub, HttpRate):
         rate_limit: int = 512,
         subscriber_buffer: int = 1024,
         utc_offsets: tuple[int, ...] = (0,),
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.era: Era = ERAS[era]
+        # The host clock the simulated server's is shifted from (tests pass one that
+        # follows a virtual event loop, so that time in status runs on the loop's clock).
+        self.wall = wall
         self.rng = random.Random(seed)
         self.clock_offset = clock_offset
         self.ping_interval = ping_interval
@@ -88,7 +92,7 @@ class SimState(PubSub, HttpRate):
 
     def now(self) -> float:
         """The simulated server's clock (the host's, shifted by ``clock_offset``)."""
-        return time.time() + self.clock_offset
+        return self.wall() + self.clock_offset
 
     def log_request(self, username: str, *, kind: str, agent: str) -> None:
         kinds = self.requests_by_user.setdefault(username, {})
