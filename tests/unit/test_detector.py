@@ -13,7 +13,7 @@ from typing import Any, Literal
 import pytest
 from msgspec.structs import replace
 
-from watchd.alerting.model import Alert
+from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError
 from watchd.coder.models import WorkspaceBuild
 from watchd.coder.observing import ChatError, ChatId, Observation
@@ -955,3 +955,35 @@ async def test_a_chat_that_moves_after_its_page_is_judged_on_its_record_at_the_e
     monkeypatch.setattr(confirming.Drafting, "seen", no_drafts)
     rendered, _ = await _burst_fired(moves=True)
     assert drafted == rendered
+
+
+async def test_a_reentry_seen_on_the_stream_pages_on_the_new_episodes_clock() -> None:
+    """running (event), waiting (event lost), running again (event delivered), 12 s budget:
+    nothing fires at the first episode's budget; the page comes at the re-entered
+    episode's, with its own clock start and fingerprint, and a listing or read that
+    shows the same status with a newer stamp stays a refresh (a step commit)."""
+    async with rig(Budgets(running=12)) as r:
+        r.ready()
+        t0 = r.clock.now()
+        r.see("c1", "running", t0)
+        r.advance(6)
+        r.see("c1", "running", t0 + 6)  # the round trip's last event: a new clock
+        rec = r.store.get("a", "c1")
+        assert rec is not None and (rec.since, rec.clock, rec.version) == (t0 + 6, "transition", 2)
+        r.advance(7)  # t0 + 13: past the first episode's budget, not the second's
+        await r.settle()
+        assert r.sink.alerts == []
+        r.advance(6)  # t0 + 19
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")]
+        fired = r.sink.alerts[0]
+        assert fired.starts_at == t0 + 6 + 12  # when the new episode crossed its budget
+        assert fired.fingerprint == fingerprint(
+            "https://coder.test", "c1", "ChatStuck", "running", t0 + 6
+        )
+        r.see("c1", "running", t0 + 20, via="listing")  # a step commit: refresh, same clock
+        assert r.store.get("a", "c1").since == t0 + 6  # type: ignore[union-attr]
+        r.advance(2)
+        r.see("c1", "running", t0 + 22)  # another lost round trip: the page resolves
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing"), ("ChatStuck", "resolved")]

@@ -199,11 +199,18 @@ class Detector:
                     to=rec.status,
                     **{"from": prev.status if prev else None},
                 )
-            if prev is not None and prev.status != rec.status and invalid:
+            # A transition keeps its status only as a re-entry (watchd.store.chats): the
+            # round trip ended the episode as surely as leaving the status does.
+            if kind == "transition" and invalid:
                 invalid.pop(rec.key, None)
             if prev is not None and by_chat and (identity, rec.chat_id) in by_chat:
-                if prev.status != rec.status:
-                    self.ledger.resolve_chat(prev, why=f"left {prev.status} for {rec.status}")
+                if kind == "transition":
+                    why = (
+                        f"left {prev.status} for {rec.status}"
+                        if prev.status != rec.status
+                        else f"re-entered {rec.status} (a round trip the stream did not send)"
+                    )
+                    self.ledger.resolve_chat(prev, why=why)
                 elif kind == "refresh" and prev.updated_at != rec.updated_at:
                     # Progress on the server: the stalled clock restarts.
                     self.ledger.resolve_chat(prev, why="progress", names=("ChatStalled",))

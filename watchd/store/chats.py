@@ -43,6 +43,8 @@ from watchd.store.records import (
 
 # A stamp older than this is checked against the chat's created_at (see ChatStore._sane).
 _OLD_STAMP = 86_400.0
+# Watch events coderd publishes only when a chat enters a status (pubsub.ChatEventKind).
+_TRANSITION_EVENTS = frozenset({"status_change", "created", "action_required"})
 
 
 class ChatStore:
@@ -111,10 +113,11 @@ class ChatStore:
     def observe(
         self, identity: str, chat: Observation, *, now: float, via: str, kind: str = ""
     ) -> Change | None:
-        """Apply one observation of ``chat``. ``via`` is watch | listing | confirm.
+        """Apply one observation of ``chat``. ``via`` is watch | listing | confirm; ``kind``
+        is the watch event's.
 
-        Archived chats are tombstoned. Returns None when nothing changed or the
-        observation was stale.
+        Archived (or deleted) chats are tombstoned. Returns None when nothing changed or
+        the observation was stale.
         """
         recs = self._by_identity.get(identity)
         if recs is None:
@@ -125,64 +128,28 @@ class ChatStore:
             absent = self._absent.get(identity)
             if absent:
                 absent.pop(chat.id, None)
-        if chat.archived:
+        if chat.archived or kind == "deleted":
             if old is None:
                 return None
-            del recs[chat.id]
-            self._count -= 1
-            self._seen.pop((identity, chat.id), None)
-            return Change("tombstone", old, old, reason="archived", via=via)
-        if kind == "deleted":
-            if old is None:
-                return None
-            del recs[chat.id]
-            self._count -= 1
-            self._seen.pop((identity, chat.id), None)
-            return Change("tombstone", old, old, reason="deleted", via=via)
-        if (
-            old is not None
-            and via != "confirm"  # a confirmation read is authoritative
-            and chat.updated_at is not None
-            and old.updated_at is not None
-            and chat.updated_at < old.updated_at
-        ):
-            self.stale_ignored += 1
-            return None
+            reason = "archived" if chat.archived else "deleted"
+            return self._remove(identity, old, reason=reason, via=via)
         if old is None:
-            if len(self) >= self.capacity:
-                self.overflow += 1
+            return self._new(identity, chat, now=now, via=via, kind=kind)
+        stamp, held = chat.updated_at, old.updated_at
+        if stamp is not None and held is not None:
+            if stamp < held and via != "confirm":  # a confirmation read is authoritative
+                self.stale_ignored += 1
                 return None
-            if via == "watch" and kind in ("status_change", "created", "action_required"):
-                clock = CLOCK_TRANSITION
-            else:
-                clock = CLOCK_LOWER_BOUND
-            rec = build(
-                identity, chat, since=clock_start(chat, now), clock=clock, now=now, version=1
-            )
-            recs[chat.id] = rec
-            self._count += 1
-            return Change("new", rec, None, via=via)
+            if stamp > held and via == "watch" and kind in _TRANSITION_EVENTS:
+                # coderd publishes these only on a transition: the same status with a newer
+                # stamp proves a round trip whose other events were lost (a re-entry).
+                return self._transition(identity, chat, old, now=now, via=via)
         if chat.status != old.status:
-            if via == "watch":
-                clock = CLOCK_TRANSITION
-            else:
-                clock = CLOCK_SYNTHESIZED
-                self.synthesized += 1
-            rec = build(
-                identity,
-                chat,
-                since=clock_start(chat, now),
-                clock=clock,
-                now=now,
-                version=old.version + 1,
-                previous=old,
-            )
-            recs[chat.id] = rec
-            return Change("transition", rec, old, via=via)
+            return self._transition(identity, chat, old, now=now, via=via)
         if says_nothing_new(
             old,
             status=chat.status,
-            updated_at=chat.updated_at,
+            updated_at=stamp,
             title=chat.title,
             queued=chat.queued_for_capacity,
         ) and (via != "confirm" or _details(chat) == _details(old)):
@@ -200,6 +167,48 @@ class ChatStore:
         )
         recs[chat.id] = rec
         return Change("refresh", rec, old, via=via)
+
+    def _new(
+        self, identity: str, chat: Observation, *, now: float, via: str, kind: str
+    ) -> Change | None:
+        if self._count >= self.capacity:
+            self.overflow += 1
+            return None
+        clock = (
+            CLOCK_TRANSITION if via == "watch" and kind in _TRANSITION_EVENTS else CLOCK_LOWER_BOUND
+        )
+        rec = build(identity, chat, since=clock_start(chat, now), clock=clock, now=now, version=1)
+        self._by_identity[identity][chat.id] = rec
+        self._count += 1
+        return Change("new", rec, None, via=via)
+
+    def _transition(
+        self, identity: str, chat: Observation, old: ChatRecord, *, now: float, via: str
+    ) -> Change:
+        """A new clock: seen on the stream (``transition``), or inferred from a listing or
+        a read that shows another status (``synthesized``)."""
+        if via == "watch":
+            clock = CLOCK_TRANSITION
+        else:
+            clock = CLOCK_SYNTHESIZED
+            self.synthesized += 1
+        rec = build(
+            identity,
+            chat,
+            since=clock_start(chat, now),
+            clock=clock,
+            now=now,
+            version=old.version + 1,
+            previous=old,
+        )
+        self._by_identity[identity][chat.id] = rec
+        return Change("transition", rec, old, via=via)
+
+    def _remove(self, identity: str, old: ChatRecord, *, reason: str, via: str) -> Change:
+        del self._by_identity[identity][old.chat_id]
+        self._count -= 1
+        self._seen.pop((identity, old.chat_id), None)
+        return Change("tombstone", old, old, reason=reason, via=via)
 
     def observe_events(
         self, identity: str, events: Iterable[WatchEvent], *, now: float
@@ -290,12 +299,10 @@ class ChatStore:
         absent = self._absent.get(identity)
         if absent:
             absent.pop(chat_id, None)
-        old = self._by_identity.get(identity, {}).pop(chat_id, None)
+        old = self._by_identity.get(identity, {}).get(chat_id)
         if old is None:
             return None
-        self._count -= 1
-        self._seen.pop((identity, chat_id), None)
-        return Change("tombstone", old, old, reason=reason, via=via)
+        return self._remove(identity, old, reason=reason, via=via)
 
 
 def says_nothing_new(
