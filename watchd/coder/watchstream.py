@@ -84,23 +84,8 @@ class WatchConnection:
                 if kind is text or kind is binary:
                     try:
                         event = read_event(msg.data)
-                    except MalformedFrame as exc:
-                        self.malformed += 1
-                        self.transport.emit_ws(
-                            WsError,
-                            reader=self.reader,
-                            attempt=self.attempt,
-                            message=f"malformed frame: {exc}"[:300],
-                        )
-                        raise ResyncNeeded(str(exc)) from None
-                    except ServerFrameError as exc:
-                        self.transport.emit_ws(
-                            WsError,
-                            reader=self.reader,
-                            attempt=self.attempt,
-                            message=f"server error frame: {exc}"[:300],
-                        )
-                        raise ResyncNeeded(f"server reported: {exc}") from None
+                    except (MalformedFrame, ServerFrameError) as exc:
+                        raise self._unreadable(exc) from None
                     if event is not None:  # None: an era's JSON keep-alive
                         decoded += 1
                         burst.append(event)
@@ -115,15 +100,8 @@ class WatchConnection:
                     except (aiohttp.ClientError, ConnectionError) as exc:
                         # the server is already closing the transport
                         raise StreamClosed(1006, f"{type(exc).__name__}: {exc}") from None
-                elif kind in (
-                    aiohttp.WSMsgType.CLOSE,
-                    aiohttp.WSMsgType.CLOSING,
-                    aiohttp.WSMsgType.CLOSED,
-                ):
-                    code = self.ws.close_code
-                    raise StreamClosed(code, str(msg.extra or ""))
-                elif kind == aiohttp.WSMsgType.ERROR:
-                    raise StreamClosed(1006, f"{type(msg.data).__name__}: {msg.data}")
+                else:
+                    self._check_open(msg)
                 if burst and (len(burst) >= MAX_BURST or queue is None or not queue._size):
                     events, burst = burst, []
                     on_events(events)
@@ -133,6 +111,26 @@ class WatchConnection:
             raise
         finally:
             self.events += decoded
+
+    def _unreadable(self, exc: MalformedFrame | ServerFrameError) -> ResyncNeeded:
+        """A frame that cannot be read: said in a ``ws:error``; the listing resyncs."""
+        if isinstance(exc, MalformedFrame):
+            self.malformed += 1
+            said, resync = f"malformed frame: {exc}", str(exc)
+        else:
+            said, resync = f"server error frame: {exc}", f"server reported: {exc}"
+        self.transport.emit_ws(
+            WsError, reader=self.reader, attempt=self.attempt, message=said[:300]
+        )
+        return ResyncNeeded(resync)
+
+    def _check_open(self, msg: aiohttp.WSMessage) -> None:
+        """Raise StreamClosed for a message that ends the connection (others pass)."""
+        kind = msg.type
+        if kind in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+            raise StreamClosed(self.ws.close_code, str(msg.extra or ""))
+        if kind == aiohttp.WSMsgType.ERROR:
+            raise StreamClosed(1006, f"{type(msg.data).__name__}: {msg.data}")
 
     async def close(self, *, code: int | None = None, reason: str = "") -> None:
         """Close once, emitting the connection's single ``ws:close``."""
