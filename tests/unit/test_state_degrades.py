@@ -29,6 +29,17 @@ def test_a_second_holder_of_the_state_dir_is_refused_naming_the_first(tmp_path: 
     StateLock.acquire(tmp_path).release()
 
 
+def test_the_state_dir_stays_locked_when_its_lock_file_is_deleted(tmp_path: Path) -> None:
+    """``rm watchd.lock`` beneath a running daemon does not let a second one in: the
+    directory itself is locked, and the refusal still says the directory is in use."""
+    first = StateLock.acquire(tmp_path)
+    (tmp_path / "watchd.lock").unlink()
+    with pytest.raises(StateInUse, match=r"in use by another watchd"):
+        StateLock.acquire(tmp_path)
+    first.release()
+    StateLock.acquire(tmp_path).release()
+
+
 def test_a_corrupt_database_is_moved_aside_and_state_starts_empty(tmp_path: Path) -> None:
     """A file that is not a database is kept aside (never deleted), a fresh database is
     started, and reset_from says where the old one went and why."""
