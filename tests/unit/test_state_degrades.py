@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -139,12 +141,13 @@ def test_the_notification_log_is_read_without_waiting_for_the_state_writer(
     db = StateDB(path)
     db.nflog_put(entry)
     db.nflog_put(NflogEntry("hook", "bad", frozenset(), frozenset(), 1.0, 9e9))
-    with db._lock:
-        db._db.execute("UPDATE nflog SET firing='not json' WHERE group_key='bad'")
+    db._db.execute("UPDATE nflog SET firing='not json' WHERE group_key='bad'")
     db.close()
     db = StateDB(path)
     got: list[object] = []
-    with db._lock:  # the state writer's worker thread, mid-commit
+    gate = threading.Event()
+    db._writer.submit(gate.wait)  # the state writer's thread, mid-commit
+    try:
         reader = threading.Thread(
             target=lambda: got.extend(
                 [
@@ -157,5 +160,50 @@ def test_the_notification_log_is_read_without_waiting_for_the_state_writer(
         reader.start()
         reader.join(5)
         assert not reader.is_alive()
+    finally:
+        gate.set()
     assert got == [entry, None, None]
     db.close()
+
+
+async def test_a_foreign_lock_on_the_database_never_blocks_the_loop(tmp_path: Path) -> None:
+    """A second connection holding BEGIN IMMEDIATE (an operator's sqlite3 shell): flushes
+    and the probe wait on the writer thread, not the loop, which keeps ticking; each
+    failure is counted, the batch stays pending and is written once the lock goes."""
+    path = tmp_path / "watchd.sqlite3"
+    db = StateDB(path, busy_timeout=1.0)
+    outside = sqlite3.connect(path, isolation_level=None)
+    outside.execute("BEGIN IMMEDIATE")
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+
+    tick = asyncio.create_task(ticker())
+    try:
+        db.mark(ChatRecord("a", "c1", "running", 1.0, "transition", 1.0, 1.0))
+        first = asyncio.create_task(db.flush_async())
+        await asyncio.sleep(0.1)  # the writer thread now waits on the outside lock
+        db.mark(ChatRecord("a", "c2", "running", 1.0, "transition", 1.0, 1.0))
+        second = asyncio.create_task(db.flush_async())
+        for flush in (first, second):
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                await flush
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            await db.probe()
+        assert db.write_failures == 3 and not db.persisting and db.pending == 2
+        # Each busy wait is a second long: a loop that waited for one would show it.
+        assert len(gaps) > 20 and max(gaps) < 0.5
+        outside.execute("ROLLBACK")
+        assert await db.flush_async() == 2
+        assert db.persisting and {r.chat_id for r in db.load_chats()} == {"c1", "c2"}
+    finally:
+        tick.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await tick
+        outside.close()
+        db.close()

@@ -6,7 +6,8 @@ more is being sent, so the commit and the POST do not share the interpreter). Wh
 write fails — disk full, read-only filesystem, I/O error — the daemon keeps watching and
 alerting: the batch stays pending, the flush is retried with backoff (1 s doubling to
 60 s), every failure is counted, and **StateNotPersisted** (critical) fires until a write
-succeeds again (a small probe write while nothing is pending). When the database was
+succeeds again (a small probe write while nothing is pending). Neither the flush nor the
+probe runs SQL on the loop: both wait on the state writer's thread. When the database was
 found corrupt at start and moved aside, **StateReset** says so for an hour, so that
 nobody is surprised by notifications sent again for incidents already known.
 """
@@ -81,7 +82,7 @@ class StateWatch:
             await asyncio.sleep(delay)
             try:
                 if self.db.failing_since is not None and not self.db.pending:
-                    self.db.probe()  # a direct write failed: is writing back?
+                    await self.db.probe()  # a direct write failed: is writing back?
                 await self.db.flush_async()
             except (sqlite3.Error, OSError) as exc:
                 delay = self.backoff.next()

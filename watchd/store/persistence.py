@@ -2,8 +2,9 @@
 
 Holds each chat's clock, so a restart keeps every chat's time in status, and the
 alerts the detector has fired, so a restart does not fire them again. Owns the
-connection, the batched flush (committed from a worker thread), failure tracking
-and each owner's SQL; the tables and row codecs are :mod:`watchd.store.rows`.
+connection, the batched flush, failure tracking and each owner's SQL; the tables and
+row codecs are :mod:`watchd.store.rows`. Every statement runs on one writer thread:
+nothing here may run SQL on the event loop or make it wait for a lock.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -42,6 +43,12 @@ from watchd.store.rows import (
 # long): the writer's worker thread serialising a burst's rows and the POST of its
 # megabytes of body would otherwise share the interpreter in the same second.
 HOLD_MAX = 2.0
+# How long a write waits for another process's lock on the file (an operator's sqlite3
+# shell, a backup) before it fails, is counted and is retried by the next flush.
+# SQLite's default is 5 s; every write runs on the writer thread, never on the loop.
+BUSY_TIMEOUT = 0.5
+
+T = TypeVar("T")
 
 _Batch = tuple[
     dict[tuple[str, str], ChatRecord | None], dict[str, StoredAlert | None], dict[Any, Body | None]
@@ -58,13 +65,20 @@ class StateDB:
     A database that cannot be read at all is moved aside by :meth:`open`.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, busy_timeout: float = BUSY_TIMEOUT) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # One connection, guarded by one lock: the big once-a-second write runs in a
-        # worker thread (sqlite releases the GIL), everything else on the event loop.
-        self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-        self._lock = threading.Lock()
+        # One connection, used by one writer thread: what is submitted to it runs in the
+        # order submitted, so a later batch never lands under an earlier one, and the
+        # event loop never waits for it (nor for SQLite's busy wait on another process).
+        self._db = sqlite3.connect(
+            str(self.path),
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=busy_timeout,
+        )
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="watchd-state")
+        self._flushing = asyncio.Lock()
         # The whole notification log, read once here: a flush asks it before every send,
         # and asking SQLite would wait on the loop for the lock that the state writer's
         # worker thread holds through a burst's commit (half a second and more).
@@ -80,6 +94,7 @@ class StateDB:
             self._load_nflog()
         except BaseException:
             self._db.close()
+            self._writer.shutdown()
             raise
         # Set by open() when a corrupt database was moved aside: (where it went, why).
         self.reset_from: tuple[Path, str] | None = None
@@ -112,6 +127,7 @@ class StateDB:
             if problem is None:
                 return db
             db._db.close()
+            db._writer.shutdown()
         except sqlite3.OperationalError:
             raise
         except sqlite3.DatabaseError as exc:
@@ -144,18 +160,21 @@ class StateDB:
     def _succeeded(self) -> None:
         self.failing_since = None
 
-    def probe(self) -> None:
-        """One small write, to learn whether writing works again (raises if not)."""
+    async def probe(self) -> None:
+        """One small write on the writer thread, to learn whether writing works again
+        (raises if not)."""
         try:
-            with self._lock, self._begin():
-                self._db.execute(
-                    "INSERT OR REPLACE INTO meta(key, value) VALUES ('probe', ?)",
-                    (str(time.time()),),
-                )
+            await self._off_loop(self._probe)
         except (sqlite3.Error, OSError) as exc:
             self._failed(exc)
             raise
         self._succeeded()
+
+    def _probe(self) -> None:
+        with self._begin():
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta(key, value) VALUES ('probe', ?)", (str(time.time()),)
+            )
 
     def _migrate(self) -> None:
         """Bring a database written by an older build up to this schema in place."""
@@ -165,9 +184,11 @@ class StateDB:
             self._db.execute("ALTER TABLE chats ADD COLUMN details TEXT")
 
     def close(self) -> None:
-        self.flush()
-        with self._lock:
-            self._db.close()
+        try:
+            self.flush()
+        finally:
+            self._on_writer(self._db.close)
+            self._writer.shutdown()
 
     # -- chats --------------------------------------------------------------------
 
@@ -184,8 +205,12 @@ class StateDB:
     def flush(self) -> int:
         """Write what is pending now, on the calling thread (raises if it cannot; what
         was pending stays pending)."""
-        with self._lock:
-            return self._write_or_restore(self._take())
+        batch = self._take()
+        try:
+            return self._on_writer(lambda: self._write_or_fail(batch))
+        except (sqlite3.Error, OSError):
+            self._restore(batch)
+            raise
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
@@ -211,39 +236,37 @@ class StateDB:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(HOLD_MAX):
                     await self._unheld.wait()
-        # Taken under the lock on the loop thread and written before it is released, so a
-        # later flush can never commit older data over newer.
-        self._lock.acquire()
-        try:
+        # One flush at a time, taken on the loop (no thread lock to wait for) and put back
+        # on the loop if it failed, before the next one is taken: a later flush never
+        # commits older data over newer.
+        async with self._flushing:
             batch = self._take()
-        except BaseException:
-            self._lock.release()
-            raise
-        return await asyncio.to_thread(self._write_and_release, batch)
+            try:
+                return await self._off_loop(lambda: self._write_or_fail(batch))
+            except (sqlite3.Error, OSError):
+                self._restore(batch)
+                raise
 
-    def _write_and_release(self, batch: _Batch) -> int:
-        try:
-            return self._write_or_restore(batch)
-        finally:
-            self._lock.release()
-
-    def _write_or_restore(self, batch: _Batch) -> int:
+    def _write_or_fail(self, batch: _Batch) -> int:
+        """On the writer thread: commit, counting a failure (the caller restores)."""
         try:
             n = self._write(batch)
         except (sqlite3.Error, OSError) as exc:
             self._failed(exc)
-            # Put the batch back under anything marked since (newer wins).
-            dirty, alerts, dispatch = batch
-            for k, r in dirty.items():
-                self._dirty.setdefault(k, r)
-            for f, a in alerts.items():
-                self._alerts.setdefault(f, a)
-            for d, b in dispatch.items():
-                self._dispatch.setdefault(d, b)
             raise
         if n:
             self._succeeded()
         return n
+
+    def _restore(self, batch: _Batch) -> None:
+        """Put a failed batch back under anything marked since (newer wins)."""
+        dirty, alerts, dispatch = batch
+        for k, r in dirty.items():
+            self._dirty.setdefault(k, r)
+        for f, a in alerts.items():
+            self._alerts.setdefault(f, a)
+        for d, b in dispatch.items():
+            self._dispatch.setdefault(d, b)
 
     def _take(self) -> _Batch:
         batch = (self._dirty, self._alerts, self._dispatch)
@@ -251,7 +274,7 @@ class StateDB:
         return batch
 
     def _write(self, batch: _Batch) -> int:
-        """Commit one batch (the lock is held)."""
+        """Commit one batch (on the writer thread)."""
         dirty, alerts, dispatch = batch
         if not (dirty or alerts or dispatch):
             return 0
@@ -287,8 +310,7 @@ class StateDB:
         return [chat_record(r) for r in rows]
 
     def forget_identity(self, identity: str) -> None:
-        with self._tx():
-            self._db.execute("DELETE FROM chats WHERE identity=?", (identity,))
+        self._direct("DELETE FROM chats WHERE identity=?", (identity,))
         self._dirty = {k: v for k, v in self._dirty.items() if k[0] != identity}
 
     # -- alerts -------------------------------------------------------------------
@@ -329,16 +351,12 @@ class StateDB:
         """Written only after a successful send: a failed flush is simply retried. Kept in
         memory too, so a disk that refuses the write cannot make the next flush re-page."""
         self._nflog_mem[(entry.receiver, entry.group_key)] = entry
-        with self._tx():
-            self._db.execute("INSERT OR REPLACE INTO nflog VALUES (?,?,?,?,?,?)", nflog_row(entry))
+        self._direct("INSERT OR REPLACE INTO nflog VALUES (?,?,?,?,?,?)", nflog_row(entry))
 
     def nflog_gc(self, now: float) -> int:
         for key in [k for k, e in self._nflog_mem.items() if e.expires_at < now]:
             del self._nflog_mem[key]
-        cur = None
-        with self._tx():
-            cur = self._db.execute("DELETE FROM nflog WHERE expires_at < ?", (now,))
-        return cur.rowcount if cur is not None else 0
+        return self._direct("DELETE FROM nflog WHERE expires_at < ?", (now,))
 
     # -- alerts held by aggregation groups, so a restart loses no pending resolve --
 
@@ -371,8 +389,7 @@ class StateDB:
     def sweep_put(self, e: SweepEntry) -> None:
         # In memory too: a sweep must never act twice because a write failed.
         self._sweep_mem[(e.identity, e.chat_id, e.policy)] = e
-        with self._tx():
-            self._db.execute("INSERT OR REPLACE INTO sweep VALUES (?,?,?,?,?,?,?,?)", sweep_row(e))
+        self._direct("INSERT OR REPLACE INTO sweep VALUES (?,?,?,?,?,?,?,?)", sweep_row(e))
 
     def sweep_in_state(self, state: str) -> list[SweepEntry]:
         rows = self._query(
@@ -388,10 +405,7 @@ class StateDB:
     # -- runtime silences -----------------------------------------------------------
 
     def silence_save(self, silence_id: str, body: dict[str, Any]) -> None:
-        with self._tx():
-            self._db.execute(
-                "INSERT OR REPLACE INTO silences VALUES (?,?)", (silence_id, dumps(body))
-            )
+        self._direct("INSERT OR REPLACE INTO silences VALUES (?,?)", (silence_id, dumps(body)))
 
     def silences_load(self) -> list[dict[str, Any]]:
         return [orjson.loads(b) for (b,) in self._query("SELECT body FROM silences")]
@@ -399,25 +413,37 @@ class StateDB:
     # -- plumbing -----------------------------------------------------------------
 
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        with self._lock:
-            return self._db.execute(sql, params).fetchall()
+        return self._on_writer(lambda: self._db.execute(sql, params).fetchall())
 
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[None]:
-        """A write transaction on the calling thread. A write that fails is counted and
-        logged by the caller's state watch, never raised into the alert path: the daemon
-        keeps watching and alerting while its disk is full."""
+    def _on_writer(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the writer thread and wait for it here (start-up, shutdown)."""
+        return self._writer.submit(fn).result()
+
+    async def _off_loop(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the writer thread; the loop goes on meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self._writer, fn)
+
+    def _direct(self, sql: str, params: tuple[Any, ...]) -> int:
+        """One write transaction on the writer thread, waited for. A write that fails is
+        counted and logged by the caller's state watch, never raised into the alert path:
+        the daemon keeps watching and alerting while its disk is full. Returns rows
+        changed (0 when it failed)."""
+
+        def write() -> int:
+            with self._begin():
+                return self._db.execute(sql, params).rowcount
+
         try:
-            with self._lock, self._begin():
-                yield
+            n = self._on_writer(write)
         except (sqlite3.Error, OSError) as exc:
             self._failed(exc)
-        else:
-            self._succeeded()
+            return 0
+        self._succeeded()
+        return n
 
     @contextlib.contextmanager
     def _begin(self) -> Iterator[None]:
-        """BEGIN … COMMIT (ROLLBACK on error); the caller holds the lock."""
+        """BEGIN … COMMIT (ROLLBACK on error), on the writer thread."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield
