@@ -65,11 +65,11 @@ async def _tail(n: int) -> list[Row]:
     from watchd.config.alerting import RouteConfig
     from watchd.config.watching import Budgets
     from watchd.kits import logs
-    from watchd.store.persistence import StateDB
+    from watchd.store.sqlite import StateFile
 
     logs.configure(level="warning", json=True)  # as the daemon runs: debug lines filtered
     tmp = Path(tempfile.mkdtemp(prefix="watchd-bench-tail-"))
-    db = StateDB(tmp / "state.sqlite3")
+    db = StateFile(tmp / "state.sqlite3")
     recorder = Recorder()
     route = routing.build(
         RouteConfig.model_validate({"receiver": "r", "group_wait": "0s", "group_interval": "1s"})
