@@ -174,12 +174,13 @@ async def test_the_notification_log_is_read_without_waiting_for_the_state_writer
 
 
 async def test_a_foreign_lock_on_the_database_never_blocks_the_loop(tmp_path: Path) -> None:
-    """A second connection holding BEGIN IMMEDIATE (an operator's sqlite3 shell): flushes
-    and the probe wait on the writer thread, not the loop, which keeps ticking; each
-    failure is counted, the batch stays pending and is written once the lock goes."""
+    """A second connection holding BEGIN IMMEDIATE (an operator's sqlite3 shell): flushes,
+    the probe and a notification-log write wait on the writer thread, not the loop, which
+    keeps ticking; each failure is counted (never raised into the alert path), the batch
+    stays pending and is written once the lock goes."""
     path = tmp_path / "watchd.sqlite3"
     db = StateFile(path, busy_timeout=1.0)
-    chats = db.part(ChatRows)
+    chats, nflog = db.part(ChatRows), db.part(NotificationLog)
     outside = sqlite3.connect(path, isolation_level=None)
     outside.execute("BEGIN IMMEDIATE")
     gaps: list[float] = []
@@ -203,7 +204,10 @@ async def test_a_foreign_lock_on_the_database_never_blocks_the_loop(tmp_path: Pa
                 await flush
         with pytest.raises(sqlite3.OperationalError, match="locked"):
             await db.probe()
-        assert db.write_failures == 3 and not db.persisting and db.pending == 2
+        sent = NflogEntry("hook", "g1", frozenset({"fp"}), frozenset(), 1.0, 9e9)
+        await nflog.put(sent)
+        assert nflog.get("hook", "g1") == sent
+        assert db.write_failures == 4 and not db.persisting and db.pending == 2
         # Each busy wait is a second long: a loop that waited for one would show it.
         assert len(gaps) > 20 and max(gaps) < 0.5
         outside.execute("ROLLBACK")
