@@ -1,5 +1,6 @@
-"""The state file's owners: each keeps its own tables, and a database written when one
-StateDB held them all opens with every owner's rows intact."""
+"""The state file's owners: each keeps its own tables, one cannot hold back another's
+writes, and a database written when one StateDB held them all opens with every owner's
+rows intact."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from watchd.alerting.nflog import NflogEntry, NotificationLog
 from watchd.alerting.silencing import SilenceRows
 from watchd.detection.ledger import StoredAlerts
 from watchd.remediation.progress import SweepEntry, SweepProgress
+from watchd.store.records import ChatRecord
 from watchd.store.rows import ChatRows
-from watchd.store.sqlite import StateFile
+from watchd.store.sqlite import Part, StateFile
 
 # The schema as the single StateDB wrote it (watchd/store/rows.py before the split).
 OLD_LAYOUT = """
@@ -115,4 +117,47 @@ def test_each_owner_writes_its_rows_and_they_survive_a_reopen(tmp_path: Path) ->
         assert db.part(SweepProgress).get("a", "c2", "p") == step
         assert {b["id"] for b in db.part(SilenceRows).load()} == {"s1", "s2"}
     finally:
+        db.close()
+
+
+class _Unencodable(Part):
+    """An owner whose rows cannot be written (a body that is not JSON, say)."""
+
+    def __init__(self, file: StateFile) -> None:
+        super().__init__(file)
+        self.rows: list[object] = []
+
+    @property
+    def pending(self) -> int:
+        return len(self.rows)
+
+    def take(self) -> list[object] | None:
+        if not self.rows:
+            return None
+        batch, self.rows = self.rows, []
+        return batch
+
+    def restore(self, batch: list[object]) -> None:
+        self.rows[:0] = batch
+
+    def write(self, db: sqlite3.Connection, batch: list[object]) -> int:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('half', 'written')")
+        raise TypeError("not JSON serialisable: object")
+
+
+async def test_one_owner_that_cannot_write_never_holds_back_another(tmp_path: Path) -> None:
+    """An owner whose write raises gets its rows back (counted, failing_since set, none of
+    its half-written rows kept) while the chats of the same flush are committed."""
+    db = StateFile(tmp_path / "watchd.sqlite3")
+    try:
+        broken, chats = db.part(_Unencodable), db.part(ChatRows)
+        broken.rows.append(object())
+        chats.mark(ChatRecord("a", "c1", "running", 1.0, "transition", 1.0, 1.0))
+        assert await db.flush_async() == 1
+        assert [r.chat_id for r in chats.load()] == ["c1"]
+        assert broken.pending == 1 and db.write_failures == 1 and not db.persisting
+        assert "TypeError" in db.last_write_error
+        assert db.read("SELECT value FROM meta WHERE key='half'") == []
+    finally:
+        broken.rows.clear()
         db.close()

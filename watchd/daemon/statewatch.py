@@ -90,7 +90,7 @@ class StateWatch:
                 self._failing(exc, retry_in=delay)
                 continue
             if self.db.failing_since is not None:
-                # A direct write (notification log, sweep progress) failed meanwhile.
+                # A direct write (the notification log) or one owner's rows failed.
                 delay = self.backoff.next()
                 self._failing(None, retry_in=delay)
                 continue

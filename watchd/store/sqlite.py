@@ -7,7 +7,8 @@ detector's alerts) subclasses :class:`Part` beside its own code: its schema, its
 row codecs and what it keeps pending. It degrades instead of dying: a write that fails
 (disk full, read-only, I/O error, another process's lock) is counted and remembered in
 ``failing_since``, and a failed batch is given back to its owners to be written by the
-next flush. A database that cannot be read at all is moved aside by :meth:`StateFile.open`.
+next flush. Each owner writes behind its own savepoint, so one whose rows fail never
+holds back another's. A database that cannot be read at all is moved aside by :meth:`StateFile.open`.
 
 It must not know any owner's tables, and must not run SQL on the event loop or make it
 wait for a lock: the loop only takes batches (plain dicts) and awaits the writer thread.
@@ -202,14 +203,18 @@ class StateFile:
         cannot, and what was pending stays pending."""
         batch = self._take()
         try:
-            return self._on_writer(lambda: self._write(batch))
+            written, failed = self._on_writer(lambda: self._write(batch))
         except (sqlite3.Error, OSError):
             self._restore(batch)
             raise
+        self._restore(failed)
+        return written
 
     async def flush_async(self) -> int:
         """Write what is pending on the writer thread, so a burst (ten thousand alerts
-        and their groups) does not stall the event loop while it commits."""
+        and their groups) does not stall the event loop while it commits. Raises when
+        the transaction failed (everything stays pending); an owner whose own rows
+        failed gets them back, counted, while the others' are committed."""
         # One flush at a time, taken on the loop (no thread lock to wait for) and put back
         # on the loop if it failed, before the next one is taken: a later flush never
         # commits older data over newer.
@@ -218,10 +223,12 @@ class StateFile:
             if not batch:
                 return 0
             try:
-                return await self._off_loop(lambda: self._write(batch))
+                written, failed = await self._off_loop(lambda: self._write(batch))
             except (sqlite3.Error, OSError):
                 self._restore(batch)
                 raise
+            self._restore(failed)
+            return written
 
     def _take(self) -> list[tuple[Part, Any]]:
         taken = ((p, p.take()) for p in self._parts.values())
@@ -231,22 +238,32 @@ class StateFile:
         for part, rows in batch:
             part.restore(rows)
 
-    def _write(self, batch: list[tuple[Part, Any]]) -> int:
-        """On the writer thread: every owner's rows in one transaction, counting a failure
-        (the caller gives the batch back)."""
+    def _write(self, batch: list[tuple[Part, Any]]) -> tuple[int, list[tuple[Part, Any]]]:
+        """On the writer thread: every owner's rows in one transaction, each behind its
+        own savepoint, so one owner's failure (a row that cannot be encoded, say) never
+        holds back another's. Returns rows written and the owners' batches that failed;
+        raises (counted) when the transaction itself failed."""
         if not batch:
-            return 0
+            return 0, []
         n = 0
+        failed: list[tuple[Part, Any]] = []
         try:
             with self._begin():
                 for part, rows in batch:
-                    n += part.write(self._db, rows)
+                    self._db.execute("SAVEPOINT part")
+                    try:
+                        n += part.write(self._db, rows)
+                    except Exception as exc:
+                        self._db.execute("ROLLBACK TO part")
+                        self._failed(exc)
+                        failed.append((part, rows))
+                    self._db.execute("RELEASE part")
         except (sqlite3.Error, OSError) as exc:
             self._failed(exc)
             raise
-        if n:
+        if n and not failed:
             self._succeeded()
-        return n
+        return n, failed
 
     # -- direct statements ------------------------------------------------------------
 
