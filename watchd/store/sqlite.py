@@ -8,7 +8,8 @@ row codecs and what it keeps pending. It degrades instead of dying: a write that
 (disk full, read-only, I/O error, another process's lock) is counted and remembered in
 ``failing_since``, and a failed batch is given back to its owners to be written by the
 next flush. Each owner writes behind its own savepoint, so one whose rows fail never
-holds back another's. A database that cannot be read at all is moved aside by :meth:`StateFile.open`.
+holds back another's. A database that cannot be read at all is moved aside by
+:meth:`StateFile.open`.
 
 It must not know any owner's tables, and must not run SQL on the event loop or make it
 wait for a lock: the loop only takes batches (plain dicts) and awaits the writer thread.
@@ -143,8 +144,9 @@ class StateFile:
         return None if result == "ok" else str(result)
 
     def part(self, kind: type[P]) -> P:
-        """The owner's part of this file, made (its tables created, its ``setup`` run)
-        the first time it is asked for."""
+        """The owner's part of this file: one per owner, made (its tables created, its
+        ``setup`` run, waited for here) the first time it is asked for, so ask while
+        wiring, at start-up; later asks return the same part."""
         found = self._parts.get(kind)
         if found is None:
             made = kind(self)
