@@ -65,11 +65,11 @@ async def _tail(n: int) -> list[Row]:
     from watchd.config.alerting import RouteConfig
     from watchd.config.watching import Budgets
     from watchd.kits import logs
-    from watchd.store.persistence import StateDB
+    from watchd.store.sqlite import StateFile
 
     logs.configure(level="warning", json=True)  # as the daemon runs: debug lines filtered
     tmp = Path(tempfile.mkdtemp(prefix="watchd-bench-tail-"))
-    db = StateDB(tmp / "state.sqlite3")
+    db = StateFile(tmp / "state.sqlite3")
     recorder = Recorder()
     route = routing.build(
         RouteConfig.model_validate({"receiver": "r", "group_wait": "0s", "group_interval": "1s"})
@@ -132,9 +132,10 @@ async def _tail(n: int) -> list[Row]:
         t4 = time.thread_time()
         orjson.dumps({"alerts": plain})
         t5 = time.thread_time()
-        w0 = time.thread_time()
+        # Process CPU: the write runs on the state writer's thread while this one waits.
+        w0 = time.process_time()
         db.flush()  # what the state writer then does with the burst (a worker thread)
-        written = time.thread_time() - w0
+        written = time.process_time() - w0
         await d.close(deadline=0.5)
     db.close()
     verdicts = t1 - t0 - listing[0]

@@ -145,6 +145,30 @@ async def test_a_second_daemon_on_one_state_dir_exits_2_naming_the_first(
     assert first.proc.poll() is None
 
 
+async def test_a_deleted_lock_file_does_not_let_a_second_daemon_in(
+    start_sim: StartSim, start_daemon: StartDaemon
+) -> None:
+    """``rm watchd.lock`` beneath a running daemon: a second one on the same state_dir
+    still exits 2 (the directory itself is locked); the first keeps running."""
+    sim = start_sim()
+    first = start_daemon(sim)
+    await first.wait_ready()
+    assert first.proc is not None
+    (Path(first.config["state_dir"]) / "watchd.lock").unlink()
+    other = first.tmp / "second.yaml"
+    other.write_text(yaml.safe_dump({**first.config, "server": {"listen": "127.0.0.1:0"}}))
+    second = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "watchd", "run", "-c", str(other)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert second.returncode == 2, second.stderr
+    assert "in use by another watchd" in second.stderr
+    assert first.proc.poll() is None
+
+
 async def test_a_token_echoed_by_coder_never_leaves(
     tmp_path: Path, start_sim: StartSim, start_daemon: StartDaemon
 ) -> None:

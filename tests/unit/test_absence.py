@@ -23,7 +23,8 @@ from watchd.detection.diagnosis import Facts, hint
 from watchd.kits.clock import ServerClock
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
-from watchd.store.persistence import StateDB
+from watchd.store.rows import ChatRows
+from watchd.store.sqlite import StateFile
 
 # The server-clock estimate moves by fractions of a second as Date samples arrive, and a
 # chat seen "after a listing started" is spared by it: listings here are a second apart,
@@ -229,9 +230,9 @@ def test_state_written_by_an_older_build_loads(tmp_path: Path) -> None:
     )
     db.commit()
     db.close()
-    state = StateDB(path)
+    state = StateFile(path)
     try:
-        (rec,) = state.load_chats()
+        (rec,) = state.part(ChatRows).load()
         assert (rec.since, rec.clock, rec.queued_for_capacity, rec.version) == (
             100.0,
             "transition",
@@ -241,9 +242,9 @@ def test_state_written_by_an_older_build_loads(tmp_path: Path) -> None:
         assert rec.mode == "" and rec.warnings == ()
         import dataclasses
 
-        state.mark(dataclasses.replace(rec, mode="orchestrator", warnings=("slow",)))
+        state.part(ChatRows).mark(dataclasses.replace(rec, mode="orchestrator", warnings=("slow",)))
         state.flush()
-        (again,) = state.load_chats()
+        (again,) = state.part(ChatRows).load()
         assert again.mode == "orchestrator" and again.warnings == ("slow",)
     finally:
         state.close()

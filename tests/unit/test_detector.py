@@ -25,8 +25,9 @@ from watchd.detection.diagnosis import Facts
 from watchd.kits.clock import ServerClock
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
-from watchd.store.persistence import StateDB
 from watchd.store.records import ChatRecord
+from watchd.store.rows import ChatRows
+from watchd.store.sqlite import StateFile
 
 
 class Wall:
@@ -161,7 +162,7 @@ SKEW = -600.0  # the server's clock is ten minutes behind the host's
 async def rig(
     budgets: Budgets,
     *,
-    db: StateDB | None = None,
+    db: StateFile | None = None,
     chat_failed: bool = False,
     unhealthy_after: float = 3600.0,
     crash: bool = False,
@@ -172,7 +173,7 @@ async def rig(
     clock.offset = SKEW
     store = ChatStore()
     if db is not None:
-        store.load(db.load_chats())
+        store.load(db.part(ChatRows).load())
     sink = Sink()
     det = Detector(
         store=store,
@@ -431,7 +432,7 @@ async def test_replicas_with_different_clock_estimates_agree_on_fingerprint_and_
 
 async def test_restart_keeps_clock_and_does_not_refire(tmp_path: Path) -> None:
     """Clocks and firing alerts persisted in SQLite survive a restart without a second page."""
-    db = StateDB(tmp_path / "state.sqlite3")
+    db = StateFile(tmp_path / "state.sqlite3")
     async with rig(Budgets(running=60), db=db, crash=True) as r:
         r.ready()
         r.see("c1", "running", r.clock.now() - 120)
@@ -440,7 +441,7 @@ async def test_restart_keeps_clock_and_does_not_refire(tmp_path: Path) -> None:
         since = r.store.get("a", "c1").since  # type: ignore[union-attr]
         db.flush()
     db.close()
-    db2 = StateDB(tmp_path / "state.sqlite3")
+    db2 = StateFile(tmp_path / "state.sqlite3")
     async with rig(Budgets(running=60), db=db2, crash=True) as r2:
         rec = r2.store.get("a", "c1")
         assert rec is not None and rec.since == since and rec.clock == "transition"
@@ -762,7 +763,7 @@ BURST = [
 ]
 
 
-async def _after_burst(db: StateDB, *, one_at_a_time: bool) -> tuple[object, ...]:
+async def _after_burst(db: StateFile, *, one_at_a_time: bool) -> tuple[object, ...]:
     async with rig(Budgets(running=60, stalled=30), db=db) as r:
         r.ready()
         now = r.clock.now()
@@ -786,7 +787,7 @@ async def _after_burst(db: StateDB, *, one_at_a_time: bool) -> tuple[object, ...
         armed = dict(r.det.timers._live)
         told = r.sink.names()
         db.flush()
-        stored = sorted(db.load_chats(), key=lambda rec: rec.chat_id)
+        stored = sorted(db.part(ChatRows).load(), key=lambda rec: rec.chat_id)
         r.advance(100)
         await r.settle()
         return armed, told, stored, r.sink.names(), sorted(r.det.firing)
@@ -794,7 +795,7 @@ async def _after_burst(db: StateDB, *, one_at_a_time: bool) -> tuple[object, ...
 
 async def test_a_burst_arms_as_its_changes_one_at_a_time_would(tmp_path: Path) -> None:
     """Arming and marking once per chat per burst ends as doing it after every change does."""
-    a, b = StateDB(tmp_path / "a.db"), StateDB(tmp_path / "b.db")
+    a, b = StateFile(tmp_path / "a.db"), StateFile(tmp_path / "b.db")
     try:
         assert await _after_burst(a, one_at_a_time=False) == await _after_burst(
             b, one_at_a_time=True

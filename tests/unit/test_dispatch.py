@@ -16,12 +16,14 @@ import pytest
 from watchd.alerting import dispatch as dispatch_module
 from watchd.alerting import routing
 from watchd.alerting.dispatch import Dispatcher
+from watchd.alerting.grouprows import GroupRows
 from watchd.alerting.model import Alert
+from watchd.alerting.nflog import NotificationLog
 from watchd.alerting.receivers.base import Notification, NotifyError, Rate
 from watchd.alerting.silencing import Inhibitor, Silence, Silencer
 from watchd.config.alerting import InhibitRule, RouteConfig
 from watchd.kits.matchers import parse_matchers
-from watchd.store.persistence import StateDB
+from watchd.store.sqlite import StateFile
 
 pytestmark = pytest.mark.looptime
 
@@ -82,12 +84,12 @@ async def dispatcher(
     route: dict[str, object] | None = None,
     silences: list[Silence] | None = None,
     rules: list[InhibitRule] | None = None,
-    db: StateDB | None = None,
+    db: StateFile | None = None,
     rec: Recorder | None = None,
     crash: bool = False,
-) -> AsyncIterator[tuple[Dispatcher, Recorder, StateDB]]:
+) -> AsyncIterator[tuple[Dispatcher, Recorder, StateFile]]:
     rec = rec or Recorder()
-    db = db or StateDB(tmp / "state.sqlite3")
+    db = db or StateFile(tmp / "state.sqlite3")
     cfg = RouteConfig.model_validate(
         route or {"receiver": "r", "group_wait": "30s", "group_interval": "5m"}
     )
@@ -197,7 +199,7 @@ async def test_transient_failure_retries_after_exactly_retry_after(tmp_path: Pat
         await asyncio.sleep(WAIT + 10)
         assert rec.attempts == [WAIT, WAIT + 3.0] and rec.at == [WAIT + 3.0]
         assert d.stats["r"].retried == 1 and d.stats["r"].sent == 1
-        assert db.nflog_get("r", next(iter(d.groups))[1]) is not None
+        assert db.part(NotificationLog).get("r", next(iter(d.groups))[1]) is not None
 
 
 async def test_retries_back_off_and_give_up_at_the_flush_budget(tmp_path: Path) -> None:
@@ -239,7 +241,7 @@ async def test_permanent_failure_is_a_config_error(tmp_path: Path) -> None:
 
 async def test_restart_neither_repages_nor_loses_a_resolve(tmp_path: Path) -> None:
     """Groups and the notification log survive a restart: no second page, the resolve arrives."""
-    db = StateDB(tmp_path / "state.sqlite3")
+    db = StateFile(tmp_path / "state.sqlite3")
     async with dispatcher(tmp_path, db=db, crash=True) as (d, rec, _):
         d.put(alert("1"))
         d.put(alert("2"))
@@ -310,7 +312,7 @@ async def test_handed_over_alerts_leave_their_groups_without_a_notification(
         (group,) = d.groups.values()
         assert list(group.alerts) == ["fp-a-2-ChatStuck"]
         db.flush()
-        assert [b["fingerprint"] for _, _, b in db.dispatch_load()] == ["fp-a-2-ChatStuck"]
+        assert [b["fingerprint"] for _, _, b in db.part(GroupRows).load()] == ["fp-a-2-ChatStuck"]
 
 
 async def test_an_alert_past_the_group_limit_is_counted_not_lost_silently(
@@ -328,22 +330,21 @@ async def test_an_alert_past_the_group_limit_is_counted_not_lost_silently(
         assert rec.at == [WAIT] and rec.sent[0].alerts[0].labels["alertname"] == "ChatStuck"
 
 
-async def test_a_large_notification_holds_the_state_writer_off_while_it_is_sent(
-    tmp_path: Path,
-) -> None:
-    """A notification of HOLD_WRITES_AT alerts or more is built and sent with the batched
-    state write held off (not one of fewer); a write that waits starts as soon as the send
-    ends, and never waits longer than HOLD_MAX."""
+async def test_a_large_notification_holds_back_only_its_groups_rows(tmp_path: Path) -> None:
+    """A notification of HOLD_WRITES_AT alerts or more is sent with the groups' rows held
+    back (not one of fewer) while the other owners' rows are written at once; the groups'
+    rows go with the first flush after the send, or after HOLD_MAX if it never ends."""
     from watchd.alerting.dispatch import HOLD_WRITES_AT
-    from watchd.store.persistence import HOLD_MAX
+    from watchd.alerting.grouprows import HOLD_MAX
     from watchd.store.records import ChatRecord
+    from watchd.store.rows import ChatRows
 
     held: list[bool] = []
     rec = Recorder()
     notify = rec.notify
 
     async def slow_notify(n: Notification) -> None:
-        held.append(bool(db._holds))
+        held.append(bool(rows._holds))
         await asyncio.sleep(0.5)  # the POST of a burst's body
         await notify(n)
 
@@ -355,6 +356,7 @@ async def test_a_large_notification_holds_the_state_writer_off_while_it_is_sent(
         "group_interval": "1m",
     }
     async with dispatcher(tmp_path, rec=rec, route=route) as (d, _, db):
+        rows, chats = db.part(GroupRows), db.part(ChatRows)
         d.put(alert("small"))
         await asyncio.sleep(1)
         route_all = {"receiver": "r", "group_wait": "0s", "group_interval": "1m"}
@@ -363,15 +365,15 @@ async def test_a_large_notification_holds_the_state_writer_off_while_it_is_sent(
             d.put(alert(f"big-{i}"))
         for _ in range(10):  # a few loop turns: the group's flush starts sending the body
             await asyncio.sleep(0)
-        assert db._holds == 1
-        db.mark(ChatRecord("a", "c1", "running", 1.0, "transition", 1.0, 1.0))
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        assert await db.flush_async() > 0
-        assert round(loop.time() - t0, 3) == 0.5  # waited for the send, no longer
-        assert held == [False, True] and db._holds == 0
-        with db.holding():  # a send that never ends: the write goes ahead after HOLD_MAX
-            db.mark(ChatRecord("a", "c2", "running", 1.0, "transition", 1.0, 1.0))
-            t0 = loop.time()
+        assert rows._holds == 1
+        chats.mark(ChatRecord("a", "c1", "running", 1.0, "transition", 1.0, 1.0))
+        assert await db.flush_async() == 1  # the chat, at once; not the groups' rows
+        assert rows.pending == HOLD_WRITES_AT + 1 and chats.pending == 0
+        await asyncio.sleep(0.5)  # the send ends
+        assert held == [False, True] and rows._holds == 0
+        assert await db.flush_async() == HOLD_WRITES_AT + 1
+        with rows.holding():  # a send that never ends: the rows go after HOLD_MAX
+            rows.delete("r", "gone", ["fp"])
+            assert await db.flush_async() == 0
+            await asyncio.sleep(HOLD_MAX)
             assert await db.flush_async() == 1
-            assert round(loop.time() - t0, 3) == HOLD_MAX

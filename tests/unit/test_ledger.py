@@ -8,10 +8,10 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from watchd.alerting.model import Alert
-from watchd.detection.ledger import Ledger
+from watchd.detection.ledger import Ledger, StoredAlerts
 from watchd.detection.timers import TimerHeap
 from watchd.kits.clock import SystemClock
-from watchd.store.persistence import StateDB
+from watchd.store.sqlite import StateFile
 
 
 class ListSink:
@@ -27,7 +27,7 @@ def _alert(i: int) -> Alert:
     return Alert(f"fp{i}", labels, {"summary": f"s{i}", "clock": "transition"}, 1.0)
 
 
-def _ledger(sink: ListSink, db: StateDB | None = None) -> Ledger:
+def _ledger(sink: ListSink, db: StateFile | None = None) -> Ledger:
     counters = {"fired": 0, "resolved": 0}
     return Ledger(sink=sink, db=db, timers=TimerHeap(), wall=SystemClock(), counters=counters)
 
@@ -35,7 +35,7 @@ def _ledger(sink: ListSink, db: StateDB | None = None) -> Ledger:
 def test_fire_all_fires_each_before_the_next_is_made(tmp_path: Path) -> None:
     """fire_all fires, counts, persists and hands on each alert before asking for the next."""
     sink = ListSink()
-    db = StateDB(tmp_path / "s.sqlite3")
+    db = StateFile(tmp_path / "s.sqlite3")
     ledger = _ledger(sink, db)
     seen: list[bool] = []
 
@@ -50,7 +50,7 @@ def test_fire_all_fires_each_before_the_next_is_made(tmp_path: Path) -> None:
     assert ledger.counters["fired"] == 3
     assert set(ledger.firing_clocks) == {("a", f"c{i}", "status") for i in range(3)}
     db.flush()
-    assert sorted(r.fingerprint for r in db.load_alerts()) == ["fp0", "fp1", "fp2"]
+    assert sorted(r.fingerprint for r in db.part(StoredAlerts).load()) == ["fp0", "fp1", "fp2"]
     db.close()
 
 

@@ -11,7 +11,7 @@ from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import Alert, live, resolution
 from watchd.alerting.silencing import Inhibitor, Silencer
 from watchd.config.alerting import RouteConfig
-from watchd.store.persistence import StateDB
+from watchd.store.sqlite import StateFile
 
 FIRED_AT = 1_000_000.0
 
@@ -109,7 +109,7 @@ async def test_a_repeat_notification_says_how_long_by_now(tmp_path: Path) -> Non
     """The dispatcher renders time in status at send time: a repeat an hour later says so."""
     wall = Wall(FIRED_AT)
     rec = Recorder()
-    db = StateDB(tmp_path / "s.sqlite3")
+    db = StateFile(tmp_path / "s.sqlite3")
     d = Dispatcher(
         route=routing.build(RouteConfig.model_validate({"receiver": "r", "group_wait": "0s"})),
         notifiers={"r": rec},

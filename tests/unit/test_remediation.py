@@ -187,7 +187,7 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
     from watchd.kits.clock import ServerClock
     from watchd.remediation.sweeper import Sweeper
     from watchd.store.health import IdentityHealth
-    from watchd.store.persistence import StateDB
+    from watchd.store.sqlite import StateFile
 
     class Sink:
         def __init__(self) -> None:
@@ -196,7 +196,7 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
         def put(self, alert: Alert) -> None:
             self.alerts.append(alert)
 
-    def build(db: StateDB, store: ChatStore, sink: Sink) -> tuple[Detector, Sweeper]:
+    def build(db: StateFile, store: ChatStore, sink: Sink) -> tuple[Detector, Sweeper]:
         det = Detector(store=store, sink=sink, db=db)
         health = IdentityHealth(
             name="a", deployment="http://x", server_clock=ServerClock(), unhealthy_after=60
@@ -224,7 +224,7 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
         det.register(health, confirmer=None, budgets=Budgets(running=3600), labels={})  # type: ignore[arg-type]
         return det, sweeper
 
-    db = StateDB(tmp_path / "state.db")
+    db = StateFile(tmp_path / "state.db")
     store = ChatStore()
     store.observe(
         "a", Observation(id=ChatId("c1"), status="running", updated_at=1.0), now=2.0, via="listing"
@@ -238,7 +238,7 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
     db.flush()
     db.close()
 
-    db = StateDB(tmp_path / "state.db")
+    db = StateFile(tmp_path / "state.db")
     sink = Sink()
     det, sweeper = build(db, store, sink)
     assert any(a.name == "ChatSwept" for a in det.firing.values())

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from watchd.alerting import routing
-from watchd.alerting.nflog import needs_update
+from watchd.alerting.nflog import NflogEntry, needs_update
 from watchd.config.alerting import RouteConfig
 from watchd.kits.matchers import MatcherError, parse_matcher
-from watchd.store.rows import NflogEntry
 
 
 @pytest.mark.parametrize(

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.unit.test_detector import Sink
+from watchd.alerting.nflog import NflogEntry, NotificationLog
 from watchd.daemon.statewatch import StateWatch
 from watchd.detection.detector import Detector
 from watchd.store.chats import ChatStore
 from watchd.store.lock import StateInUse, StateLock
-from watchd.store.persistence import StateDB
 from watchd.store.records import ChatRecord
-from watchd.store.rows import NflogEntry
+from watchd.store.rows import ChatRows
+from watchd.store.sqlite import StateFile
 
 
 def test_a_second_holder_of_the_state_dir_is_refused_naming_the_first(tmp_path: Path) -> None:
@@ -29,33 +32,44 @@ def test_a_second_holder_of_the_state_dir_is_refused_naming_the_first(tmp_path: 
     StateLock.acquire(tmp_path).release()
 
 
+def test_the_state_dir_stays_locked_when_its_lock_file_is_deleted(tmp_path: Path) -> None:
+    """``rm watchd.lock`` beneath a running daemon does not let a second one in: the
+    directory itself is locked, and the refusal still says the directory is in use."""
+    first = StateLock.acquire(tmp_path)
+    (tmp_path / "watchd.lock").unlink()
+    with pytest.raises(StateInUse, match=r"in use by another watchd"):
+        StateLock.acquire(tmp_path)
+    first.release()
+    StateLock.acquire(tmp_path).release()
+
+
 def test_a_corrupt_database_is_moved_aside_and_state_starts_empty(tmp_path: Path) -> None:
     """A file that is not a database is kept aside (never deleted), a fresh database is
     started, and reset_from says where the old one went and why."""
     path = tmp_path / "watchd.sqlite3"
     path.write_bytes(b"this is not sqlite" * 100)
-    db = StateDB.open(path)
+    db = StateFile.open(path)
     try:
         assert db.reset_from is not None
         aside, why = db.reset_from
         assert aside.read_bytes().startswith(b"this is not sqlite")
         assert "not a database" in why
-        assert db.load_chats() == []
-        db.mark(ChatRecord("a", "c1", "running", 1.0, "transition", 1.0, 1.0))
+        assert db.part(ChatRows).load() == []
+        db.part(ChatRows).mark(ChatRecord("a", "c1", "running", 1.0, "transition", 1.0, 1.0))
         db.flush()
-        assert len(db.load_chats()) == 1
+        assert len(db.part(ChatRows).load()) == 1
     finally:
         db.close()
 
 
-def _fill_the_disk(db: StateDB) -> None:
+def _fill_the_disk(db: StateFile) -> None:
     """SQLite's own ceiling: past max_page_count every write fails with SQLITE_FULL, as on
     a full disk."""
     pages = db._db.execute("PRAGMA page_count").fetchone()[0]
     db._db.execute(f"PRAGMA max_page_count = {pages}")
 
 
-def _free_the_disk(db: StateDB) -> None:
+def _free_the_disk(db: StateFile) -> None:
     db._db.execute("PRAGMA max_page_count = 1073741823")
 
 
@@ -65,16 +79,19 @@ async def test_a_full_disk_keeps_state_pending_and_says_so_until_writes_succeed(
     """Writes failing with 'database or disk is full' never stop the flusher: the batch
     stays pending, StateNotPersisted (critical) fires once, the notification log still
     deduplicates in memory, and when space returns the batch is written and it resolves."""
-    db = StateDB.open(tmp_path / "watchd.sqlite3")
+    db = StateFile.open(tmp_path / "watchd.sqlite3")
     sink = Sink()
     det = Detector(store=ChatStore(), sink=sink, db=db)
     watch = StateWatch(db=db, detector=det, state_dir=str(tmp_path))
     watch.backoff.cap = 0.2
+    chats, nflog = db.part(ChatRows), db.part(NotificationLog)
     _fill_the_disk(db)
     for i in range(2_000):
-        db.mark(ChatRecord("a", f"c{i}", "running", 1.0, "transition", 1.0, 1.0, title="x" * 200))
+        chats.mark(
+            ChatRecord("a", f"c{i}", "running", 1.0, "transition", 1.0, 1.0, title="x" * 200)
+        )
     entry = NflogEntry("hook", "g1", frozenset({"fp"}), frozenset(), 1.0, 9e9)
-    db.nflog_put(entry)
+    await nflog.put(entry)
     task = asyncio.create_task(watch.run())
     try:
         for _ in range(100):
@@ -84,7 +101,7 @@ async def test_a_full_disk_keeps_state_pending_and_says_so_until_writes_succeed(
         assert sink.names() == [("StateNotPersisted", "firing")]
         assert sink.alerts[0].labels["severity"] == "critical"
         assert db.pending >= 2_000 and db.write_failures >= 1 and not db.persisting
-        assert db.nflog_get("hook", "g1") == entry
+        assert db.part(NotificationLog).get("hook", "g1") == entry
         _free_the_disk(db)
         for _ in range(100):
             await asyncio.sleep(0.05)
@@ -92,7 +109,7 @@ async def test_a_full_disk_keeps_state_pending_and_says_so_until_writes_succeed(
                 break
         assert sink.names() == [("StateNotPersisted", "firing"), ("StateNotPersisted", "resolved")]
         assert db.persisting
-        assert len(db.load_chats()) == 2_000
+        assert len(db.part(ChatRows).load()) == 2_000
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -104,7 +121,7 @@ async def test_state_reset_is_announced_after_a_corrupt_start(tmp_path: Path) ->
     """A start that moved a corrupt database aside raises StateReset naming where it went."""
     path = tmp_path / "watchd.sqlite3"
     path.write_bytes(b"\x00garbage" * 512)
-    db = StateDB.open(path)
+    db = StateFile.open(path)
     sink = Sink()
     det = Detector(store=ChatStore(), sink=sink, db=db)
     StateWatch(db=db, detector=det, state_dir=str(tmp_path)).start()
@@ -115,7 +132,7 @@ async def test_state_reset_is_announced_after_a_corrupt_start(tmp_path: Path) ->
         db.close()
 
 
-def test_the_notification_log_is_read_without_waiting_for_the_state_writer(
+async def test_the_notification_log_is_read_without_waiting_for_the_state_writer(
     tmp_path: Path,
 ) -> None:
     """Entries written before a restart are found after it (an unreadable one as never
@@ -125,26 +142,80 @@ def test_the_notification_log_is_read_without_waiting_for_the_state_writer(
 
     path = tmp_path / "watchd.sqlite3"
     entry = NflogEntry("hook", "g1", frozenset({"fp1", "fp2"}), frozenset({"fp0"}), 1.0, 9e9)
-    db = StateDB(path)
-    db.nflog_put(entry)
-    db.nflog_put(NflogEntry("hook", "bad", frozenset(), frozenset(), 1.0, 9e9))
-    with db._lock:
-        db._db.execute("UPDATE nflog SET firing='not json' WHERE group_key='bad'")
+    db = StateFile(path)
+    await db.part(NotificationLog).put(entry)
+    await db.part(NotificationLog).put(
+        NflogEntry("hook", "bad", frozenset(), frozenset(), 1.0, 9e9)
+    )
+    db._db.execute("UPDATE nflog SET firing='not json' WHERE group_key='bad'")
     db.close()
-    db = StateDB(path)
+    db = StateFile(path)
+    nflog = db.part(NotificationLog)
     got: list[object] = []
-    with db._lock:  # the state writer's worker thread, mid-commit
+    gate = threading.Event()
+    db._writer.submit(gate.wait)  # the state writer's thread, mid-commit
+    try:
         reader = threading.Thread(
             target=lambda: got.extend(
                 [
-                    db.nflog_get("hook", "g1"),
-                    db.nflog_get("hook", "g2"),
-                    db.nflog_get("hook", "bad"),
+                    nflog.get("hook", "g1"),
+                    nflog.get("hook", "g2"),
+                    nflog.get("hook", "bad"),
                 ]
             )
         )
         reader.start()
         reader.join(5)
         assert not reader.is_alive()
+    finally:
+        gate.set()
     assert got == [entry, None, None]
     db.close()
+
+
+async def test_a_foreign_lock_on_the_database_never_blocks_the_loop(tmp_path: Path) -> None:
+    """A second connection holding BEGIN IMMEDIATE (an operator's sqlite3 shell): flushes,
+    the probe and a notification-log write wait on the writer thread, not the loop, which
+    keeps ticking; each failure is counted (never raised into the alert path), the batch
+    stays pending and is written once the lock goes."""
+    path = tmp_path / "watchd.sqlite3"
+    db = StateFile(path, busy_timeout=1.0)
+    chats, nflog = db.part(ChatRows), db.part(NotificationLog)
+    outside = sqlite3.connect(path, isolation_level=None)
+    outside.execute("BEGIN IMMEDIATE")
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+
+    tick = asyncio.create_task(ticker())
+    try:
+        chats.mark(ChatRecord("a", "c1", "running", 1.0, "transition", 1.0, 1.0))
+        first = asyncio.create_task(db.flush_async())
+        await asyncio.sleep(0.1)  # the writer thread now waits on the outside lock
+        chats.mark(ChatRecord("a", "c2", "running", 1.0, "transition", 1.0, 1.0))
+        second = asyncio.create_task(db.flush_async())
+        for flush in (first, second):
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                await flush
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            await db.probe()
+        sent = NflogEntry("hook", "g1", frozenset({"fp"}), frozenset(), 1.0, 9e9)
+        await nflog.put(sent)
+        assert nflog.get("hook", "g1") == sent
+        assert db.write_failures == 4 and not db.persisting and db.pending == 2
+        # Each busy wait is a second long: a loop that waited for one would show it.
+        assert len(gaps) > 20 and max(gaps) < 0.5
+        outside.execute("ROLLBACK")
+        assert await db.flush_async() == 2
+        assert db.persisting and {r.chat_id for r in chats.load()} == {"c1", "c2"}
+    finally:
+        tick.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await tick
+        outside.close()
+        db.close()

@@ -17,8 +17,9 @@ from watchd.coder.observing import ChatId, Observation, flatten, from_json
 from watchd.coder.pages import read_page
 from watchd.store.chats import ChatStore
 from watchd.store.listing import observe_page
-from watchd.store.persistence import StateDB
 from watchd.store.records import ChatRecord
+from watchd.store.rows import ChatRows
+from watchd.store.sqlite import StateFile
 
 
 def chat(cid: str, status: str, updated: float | None, **kw: object) -> Observation:
@@ -340,8 +341,9 @@ def test_long_title_does_not_refresh_every_listing() -> None:
 
 
 async def test_threaded_state_flush_commits_off_the_loop_and_in_order(tmp_path: Path) -> None:
-    """The periodic flush commits in a worker thread; a flush queued behind it writes after it."""
-    db = StateDB(tmp_path / "state.sqlite3")
+    """Every flush commits on the state writer's thread, in the order taken: a flush queued
+    behind a running one writes after it."""
+    db = StateFile(tmp_path / "state.sqlite3")
     threads: list[int] = []
     write = db._write
 
@@ -351,14 +353,14 @@ async def test_threaded_state_flush_commits_off_the_loop_and_in_order(tmp_path: 
 
     db._write = spy  # type: ignore[method-assign]
     first = ChatRecord("a", "c1", "running", 1.0, "transition", 1.0, 1.0, version=1)
-    db.mark(first)
+    db.part(ChatRows).mark(first)
     task = asyncio.ensure_future(db.flush_async())
     await asyncio.sleep(0)  # the batch is taken (and the connection held) by the worker
-    db.mark(replace(first, status="waiting", version=2))
+    db.part(ChatRows).mark(replace(first, status="waiting", version=2))
     db.flush()  # waits for the worker's commit, then commits the newer record
     assert await task == 1
-    assert [(r.status, r.version) for r in db.load_chats()] == [("waiting", 2)]
-    assert threads[0] != threading.get_ident() and threads[1] == threading.get_ident()
+    assert [(r.status, r.version) for r in db.part(ChatRows).load()] == [("waiting", 2)]
+    assert threads[0] == threads[1] != threading.get_ident()
     db.close()
 
 

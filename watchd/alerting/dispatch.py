@@ -8,10 +8,10 @@ is created and every ``group_interval`` after that, through
     silence → inhibit → dedup (notification log) → throttle → retry + notify → record
 
 Every group is a guarded task (:mod:`watchd.kits.tasks`), so one that raises is
-logged and seen, never silently gone. The groups' alerts live in SQLite with the
-notification log (:mod:`watchd.alerting.nflog`), so a restart neither re-pages nor
-forgets a pending resolve. Scheduling uses the loop's clock; alert times come
-from the wall clock.
+logged and seen, never silently gone. The groups' alerts (:mod:`watchd.alerting.grouprows`)
+and the notification log (:mod:`watchd.alerting.nflog`) keep their own tables in the
+state file, so a restart neither re-pages nor forgets a pending resolve. Scheduling uses
+the loop's clock; alert times come from the wall clock.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from watchd.alerting import stages
+from watchd.alerting.grouprows import GroupRows
 from watchd.alerting.model import Alert, live
 from watchd.alerting.nflog import NotificationLog
 from watchd.alerting.receivers.base import Notification, Notifier
@@ -32,7 +33,7 @@ from watchd.kits import logs
 from watchd.kits.clock import SystemClock, WallClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.kits.tasks import spawn
-from watchd.store.persistence import StateDB
+from watchd.store.sqlite import StateFile
 
 log = logs.get("watchd.alerting")
 
@@ -40,9 +41,9 @@ MAX_GROUPS = 10_000
 MAX_ALERTS_PER_GROUP = 10_000
 # One flush (with its retries) may take at most this long; the next flush retries.
 MAX_FLUSH = 60.0
-# A notification of this many alerts (a megabyte of webhook body) is sent with the state
-# writer held off (StateDB.holding): a burst's POST and the burst's commit in the writer's
-# thread would share the interpreter.
+# A notification of this many alerts (a megabyte of webhook body) is sent with the groups'
+# rows held back (GroupRows.holding): a burst's POST and the serialising of its rows in
+# the writer's thread would share the interpreter.
 HOLD_WRITES_AT = 1_000
 
 
@@ -64,7 +65,7 @@ class Dispatcher:
         *,
         route: Route,
         notifiers: dict[str, Notifier],
-        db: StateDB,
+        db: StateFile,
         silencer: Silencer,
         inhibitor: Inhibitor,
         external_url: str = "",
@@ -72,8 +73,8 @@ class Dispatcher:
     ) -> None:
         self.route = route
         self.notifiers = notifiers
-        self.db = db
-        self.nflog = NotificationLog(db)
+        self.rows = db.part(GroupRows)
+        self.nflog = db.part(NotificationLog)
         self.silencer = silencer
         self.inhibitor = inhibitor
         self.external_url = external_url
@@ -103,7 +104,7 @@ class Dispatcher:
     def restore(self) -> int:
         """Reload the groups' alerts from the last run (call inside the running loop)."""
         n = 0
-        for _receiver, _key, body in self.db.dispatch_load():
+        for _receiver, _key, body in self.rows.load():
             alert = Alert(
                 fingerprint=body["fingerprint"],
                 labels=body["labels"],
@@ -142,7 +143,7 @@ class Dispatcher:
             return
         group.alerts[alert.fingerprint] = alert
         if persist:
-            self.db.dispatch_save(route.receiver, key, alert.fingerprint, alert)
+            self.rows.save(route.receiver, key, alert.fingerprint, alert)
         group.dirty.set()
 
     # -- the group's life -----------------------------------------------------------
@@ -202,7 +203,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         first_attempt = loop.time()
         large = len(notification.alerts) >= HOLD_WRITES_AT
-        with self.db.holding() if large else contextlib.nullcontext():
+        with self.rows.holding() if large else contextlib.nullcontext():
             sent = await stages.retry_notify(
                 notification,
                 notifier=notifier,
@@ -236,7 +237,7 @@ class Dispatcher:
         for fp in done:
             del group.alerts[fp]
         if done:
-            self.db.dispatch_delete(group.route.receiver, group.key, done)
+            self.rows.delete(group.route.receiver, group.key, done)
         for fp in done:
             if not any(fp in g.alerts for g in self.groups.values()):
                 self.alerts.pop(fp, None)
@@ -253,7 +254,7 @@ class Dispatcher:
                 del group.alerts[fp]
             if gone:
                 n += len(gone)
-                self.db.dispatch_delete(group.route.receiver, group.key, gone)
+                self.rows.delete(group.route.receiver, group.key, gone)
                 group.dirty.set()
         for fp in fps:
             self.alerts.pop(fp, None)
@@ -275,7 +276,7 @@ class Dispatcher:
                 if group.task is not None:
                     group.task.cancel()
                 self.stats[gid[0]].dropped += len(group.alerts)
-                self.db.dispatch_delete(gid[0], group.key, list(group.alerts))
+                self.rows.delete(gid[0], group.key, list(group.alerts))
                 del self.groups[gid]
                 log.warning(
                     "dispatch.receiver_removed",
@@ -290,7 +291,7 @@ class Dispatcher:
         """Housekeeping: expire old notification-log entries and silences."""
         while True:
             now = self.wall.now()
-            self.nflog.gc(now)
+            await self.nflog.gc(now)
             self.silencer.gc(now)
             await asyncio.sleep(600)
 

@@ -1,7 +1,8 @@
 """Silences and inhibition: the two ways an alert is muted.
 
 A silence mutes alerts whose labels match all its matchers during its time
-window; silences come from config and from the runtime API (persisted).
+window; silences come from config and from the runtime API (persisted in the
+state file's ``silences`` table by :class:`SilenceRows`, written by the flush).
 An inhibition rule mutes a *target* alert while a firing *source* alert
 matches and the two agree on the ``equal`` labels (by default,
 IdentityUnhealthy mutes that identity's ChatStuck/ChatStranded).
@@ -10,14 +11,20 @@ IdentityUnhealthy mutes that identity's ChatStuck/ChatStranded).
 from __future__ import annotations
 
 import secrets as pysecrets
+import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from watchd.alerting.model import Alert
 from watchd.config.alerting import InhibitRule, SilenceConfig
 from watchd.kits.matchers import Matcher, all_match, parse_matchers
+from watchd.store.sqlite import Part, StateFile, dumps
+
+SCHEMA = "CREATE TABLE IF NOT EXISTS silences (id TEXT PRIMARY KEY, body TEXT NOT NULL);"
 
 
 @dataclass(frozen=True)
@@ -184,3 +191,41 @@ class Inhibitor:
 
     def inhibited(self, alert: Alert, firing: Iterable[Alert]) -> bool:
         return self.prepare(firing)(alert)
+
+
+class SilenceRows(Part):
+    """Runtime silences on disk: each saved body (JSON), written by the flush (the
+    silencer in memory is what mutes; this is what the next start reads)."""
+
+    schema = SCHEMA
+
+    def __init__(self, file: StateFile) -> None:
+        super().__init__(file)
+        self._pending: dict[str, dict[str, Any]] = {}
+
+    def load(self) -> list[dict[str, Any]]:
+        return [orjson.loads(b) for (b,) in self.file.read("SELECT body FROM silences")]
+
+    def save(self, silence_id: str, body: dict[str, Any]) -> None:
+        self._pending[silence_id] = body
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def take(self) -> dict[str, dict[str, Any]] | None:
+        if not self._pending:
+            return None
+        batch, self._pending = self._pending, {}
+        return batch
+
+    def restore(self, batch: dict[str, dict[str, Any]]) -> None:
+        for k, b in batch.items():
+            self._pending.setdefault(k, b)
+
+    def write(self, db: sqlite3.Connection, batch: dict[str, dict[str, Any]]) -> int:
+        db.executemany(
+            "INSERT OR REPLACE INTO silences VALUES (?,?)",
+            [(k, dumps(b)) for k, b in batch.items()],
+        )
+        return len(batch)

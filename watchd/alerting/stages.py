@@ -16,12 +16,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from watchd.alerting.model import Alert
-from watchd.alerting.nflog import NotificationLog, needs_update
+from watchd.alerting.nflog import NflogEntry, NotificationLog, needs_update
 from watchd.alerting.receivers.base import Notification, Notifier, NotifyError
 from watchd.alerting.silencing import Inhibitor, Silencer
 from watchd.kits import logs
 from watchd.kits.backoff import Backoff
-from watchd.store.rows import NflogEntry
 
 log = logs.get("watchd.alerting")
 

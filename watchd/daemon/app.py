@@ -22,7 +22,13 @@ from watchd.alerting import routing
 from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import Alert, AlertSink
 from watchd.alerting.receivers.build import build_all
-from watchd.alerting.silencing import Inhibitor, Silencer, from_config, silence_from_json
+from watchd.alerting.silencing import (
+    Inhibitor,
+    Silencer,
+    SilenceRows,
+    from_config,
+    silence_from_json,
+)
 from watchd.config.fields import ConfigError
 from watchd.config.model import Config, shard_index
 from watchd.config.secrets import ResolvedSecrets
@@ -45,6 +51,7 @@ from watchd.detection.detector import Detector
 from watchd.kits import logs
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
+from watchd.store.rows import ChatRows
 from watchd.telemetry.events import EventSink, NullSink
 from watchd.telemetry.filesource import FileSource
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
@@ -101,7 +108,7 @@ class Daemon:
         self.settings = settings or WatchSettings(reconcile_interval=config.reconcile_interval)
         self.last_reload: dict[str, Any] | None = None
         self.state_lock, self.db = open_state(effective_state_dir(config.state_dir))
-        loaded = self.store.load(self.db.load_chats())
+        loaded = self.store.load(self.db.part(ChatRows).load())
         self.detector = Detector(
             store=self.store,
             sink=_Pending(),
@@ -118,13 +125,14 @@ class Daemon:
         self.stdout = stdout
         self.route = routing.build(config.route)
         now = time.time()
+        stored = self.db.part(SilenceRows)
         self.silencer = Silencer(
             [
                 *from_config(config.silences, now=now),
-                *(silence_from_json(b) for b in self.db.silences_load()),
+                *(silence_from_json(b) for b in stored.load()),
             ]
         )
-        self.silences = SilenceBook(self.silencer, self.db.silence_save)
+        self.silences = SilenceBook(self.silencer, stored.save)
         self.inhibitor = Inhibitor(config.inhibit_rules)
         self.dispatcher: Dispatcher | None = None
         self.deadman: Heartbeat | None = None

@@ -32,7 +32,8 @@ from watchd.kits.clock import ServerClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
-from watchd.store.persistence import StateDB
+from watchd.store.rows import ChatRows
+from watchd.store.sqlite import StateFile
 from watchd.telemetry.events import EventSink, own_source
 from watchd.watching.quota import QuotaWatcher
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
@@ -105,7 +106,7 @@ class Identities:
         *,
         supervisor: Supervisor,
         store: ChatStore,
-        db: StateDB,
+        db: StateFile,
         detector: Detector,
         metrics: Metrics,
         events: EventSink,
@@ -217,7 +218,7 @@ class Identities:
         self.watchers.pop(name, None)
         if forget:
             self.store.drop_identity(name)
-            self.db.forget_identity(name)
+            self.db.part(ChatRows).forget(name)
 
     async def apply(
         self,

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from watchd.store.lock import StateInUse, StateLock
-from watchd.store.persistence import StateDB
+from watchd.store.sqlite import StateFile
 
 
 def effective_state_dir(configured: str) -> Path:
@@ -29,7 +29,7 @@ class StartupError(Exception):
     """An operator-fixable reason the daemon cannot start; the message names the setting."""
 
 
-def open_state(directory: Path) -> tuple[StateLock, StateDB]:
+def open_state(directory: Path) -> tuple[StateLock, StateFile]:
     """Lock ``state_dir`` (one daemon per directory) and open its database, or a
     StartupError naming ``state_dir`` and why."""
     try:
@@ -39,7 +39,7 @@ def open_state(directory: Path) -> tuple[StateLock, StateDB]:
     except OSError as exc:
         raise StartupError(f"state_dir: cannot lock {directory} ({exc})") from None
     try:
-        db = StateDB.open(directory / "watchd.sqlite3")
+        db = StateFile.open(directory / "watchd.sqlite3")
     except (OSError, sqlite3.Error) as exc:
         lock.release()
         raise StartupError(

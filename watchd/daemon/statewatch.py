@@ -1,12 +1,14 @@
 """The state flusher, and what it says when state cannot be kept.
 
 Once a second the pending state (chat clocks, alerts, group state) is committed off the
-loop (up to ``StateDB``'s HOLD_MAX later while a notification of a thousand alerts or
-more is being sent, so the commit and the POST do not share the interpreter). When a
+loop (the dispatch groups' rows up to HOLD_MAX later while a notification of a thousand
+alerts or more is being sent, so their serialising and the POST do not share the
+interpreter). When a
 write fails — disk full, read-only filesystem, I/O error — the daemon keeps watching and
 alerting: the batch stays pending, the flush is retried with backoff (1 s doubling to
 60 s), every failure is counted, and **StateNotPersisted** (critical) fires until a write
-succeeds again (a small probe write while nothing is pending). When the database was
+succeeds again (a small probe write while nothing is pending). Neither the flush nor the
+probe runs SQL on the loop: both wait on the state writer's thread. When the database was
 found corrupt at start and moved aside, **StateReset** says so for an hour, so that
 nobody is surprised by notifications sent again for incidents already known.
 """
@@ -22,7 +24,7 @@ from watchd.alerting.model import Alert, fingerprint
 from watchd.detection.detector import Detector
 from watchd.kits import logs
 from watchd.kits.backoff import Backoff
-from watchd.store.persistence import StateDB
+from watchd.store.sqlite import StateFile
 
 log = logs.get("watchd.state")
 
@@ -31,7 +33,7 @@ RESET_SHOWN = 3600.0  # StateReset stays firing this long after the start that r
 
 
 class StateWatch:
-    def __init__(self, *, db: StateDB, detector: Detector, state_dir: str) -> None:
+    def __init__(self, *, db: StateFile, detector: Detector, state_dir: str) -> None:
         self.db = db
         self.detector = detector
         self.state_dir = state_dir
@@ -81,14 +83,14 @@ class StateWatch:
             await asyncio.sleep(delay)
             try:
                 if self.db.failing_since is not None and not self.db.pending:
-                    self.db.probe()  # a direct write failed: is writing back?
+                    await self.db.probe()  # a direct write failed: is writing back?
                 await self.db.flush_async()
             except (sqlite3.Error, OSError) as exc:
                 delay = self.backoff.next()
                 self._failing(exc, retry_in=delay)
                 continue
             if self.db.failing_since is not None:
-                # A direct write (notification log, sweep progress) failed meanwhile.
+                # A direct write (the notification log) or one owner's rows failed.
                 delay = self.backoff.next()
                 self._failing(None, retry_in=delay)
                 continue

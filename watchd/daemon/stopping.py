@@ -26,7 +26,7 @@ from watchd.detection.detector import Detector
 from watchd.kits import logs
 from watchd.store.health import IdentityHealth
 from watchd.store.lock import StateLock
-from watchd.store.persistence import StateDB
+from watchd.store.sqlite import StateFile
 from watchd.telemetry.pipeline import SpanPipeline
 
 log = logs.get("watchd.daemon")
@@ -43,7 +43,7 @@ async def stop_in_order(
     detector: Detector,
     dispatcher: Dispatcher | None,
     telemetry: SpanPipeline,
-    db: StateDB,
+    db: StateFile,
     lock: StateLock,
     session: aiohttp.ClientSession | None,
 ) -> None:

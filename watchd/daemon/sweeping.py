@@ -18,7 +18,7 @@ from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
-from watchd.store.persistence import StateDB
+from watchd.store.sqlite import StateFile
 from watchd.watching.watcher import IdentityWatcher
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class SweepSlot:
         store: ChatStore,
         health: Mapping[str, IdentityHealth],
         watchers: Mapping[str, IdentityWatcher],
-        db: StateDB,
+        db: StateFile,
         detector: Detector,
         audit_path: Path,
         labels: Callable[[str], dict[str, str]],

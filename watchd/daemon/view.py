@@ -27,7 +27,7 @@ from watchd.detection.detector import Detector
 from watchd.kits.tasks import TASKS, TaskRegistry
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
-from watchd.store.persistence import StateDB
+from watchd.store.sqlite import StateFile
 from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline
 from watchd.watching.watcher import IdentityWatcher
@@ -64,7 +64,7 @@ class DaemonView(Protocol):
     @property
     def store(self) -> ChatStore: ...
     @property
-    def db(self) -> StateDB: ...
+    def db(self) -> StateFile: ...
     @property
     def detector(self) -> Detector: ...
     @property

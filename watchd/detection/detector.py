@@ -30,8 +30,9 @@ from watchd.kits.clock import SystemClock, WallClock, loop_time
 from watchd.kits.tasks import CRASH_LOOP, TASKS
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
-from watchd.store.persistence import StateDB
 from watchd.store.records import CLOCK_SYNTHESIZED, Change, ChatRecord
+from watchd.store.rows import ChatRows
+from watchd.store.sqlite import StateFile
 
 log = logs.get("watchd.detection")
 
@@ -50,7 +51,7 @@ class Detector:
         *,
         store: ChatStore,
         sink: AlertSink,
-        db: StateDB | None = None,
+        db: StateFile | None = None,
         confirm_rate: float = 4.0,
         listing_threshold: int = 20,
         chat_failed: bool = False,
@@ -59,7 +60,8 @@ class Detector:
     ) -> None:
         self.wall: WallClock = wall or SystemClock()
         self.store = store
-        self.db = db
+        # The chats' part of the state file: the last record of each chat, flushed later.
+        self.chat_rows = db.part(ChatRows) if db is not None else None
         self.chat_failed = chat_failed
         self.timers = TimerHeap()
         self.watched: dict[str, Watched] = {}
@@ -170,7 +172,7 @@ class Detector:
         # the order of their last changes; a tombstone first arms what its chat had
         # pending, which was armed before its alerts resolved. The loop is woken once,
         # after the whole batch is armed.
-        db = self.db
+        db = self.chat_rows
         by_chat = self.ledger.by_chat
         w = self.watched.get(identity)
         invalid = self.ledger.invalid

@@ -1,8 +1,9 @@
 """The firing alerts of every kind, and nothing else: remember, fire, resolve, persist.
 
 Chat verdicts, IdentityUnhealthy, QuotaLow (the quota watcher) and ChatSwept (the
-sweeper) all go through here, so every firing alert is in the state DB and resolves
-after a restart as it would have before it. A chat verdict also *holds its clock*:
+sweeper) all go through here, so every firing alert is in the state file (its own
+``alerts`` table, :class:`StoredAlerts`) and resolves after a restart as it would have
+before it. A chat verdict also *holds its clock*:
 its timer is cancelled while it fires (no re-confirm loop), and re-armed by the
 detector only once it resolves. Renders nothing (:mod:`watchd.detection.alerts`) and
 decides nothing (:mod:`watchd.detection.detector`).
@@ -10,10 +11,14 @@ decides nothing (:mod:`watchd.detection.detector`).
 
 from __future__ import annotations
 
+import sqlite3
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from logging import DEBUG
 from typing import Any, get_args
+
+import orjson
 
 from watchd.alerting.model import Alert, AlertSink, resolution
 from watchd.detection.alerts import said_invalid
@@ -21,15 +26,94 @@ from watchd.detection.budgets import ChatVerdict
 from watchd.detection.timers import TimerHeap
 from watchd.kits import logs
 from watchd.kits.clock import WallClock
-from watchd.store.persistence import StateDB
 from watchd.store.records import ChatRecord
-from watchd.store.rows import StoredAlert
+from watchd.store.sqlite import Part, StateFile, dumps
 
 log = logs.get("watchd.detection")
 
 HISTORY = 500
 CHAT_VERDICTS: frozenset[str] = frozenset(get_args(ChatVerdict))
 ClockKey = tuple[str, str, str]  # (identity, chat id, clock name)
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS alerts (
+  fingerprint TEXT PRIMARY KEY, identity TEXT NOT NULL, chat_id TEXT,
+  labels TEXT NOT NULL, annotations TEXT NOT NULL, starts_at REAL NOT NULL,
+  ends_at REAL
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAlert:
+    fingerprint: str
+    identity: str
+    chat_id: str | None
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    starts_at: float
+    ends_at: float | None
+
+
+class StoredAlerts(Part):
+    """The firing alerts on disk, written by the once-a-second flush (a crash re-fires
+    at most a second's worth; the notification log keeps that from paging twice).
+    Serialised at flush time, not when saved: a burst of alerts costs one pass."""
+
+    schema = SCHEMA
+
+    def __init__(self, file: StateFile) -> None:
+        super().__init__(file)
+        self._pending: dict[str, StoredAlert | None] = {}
+
+    def save(self, row: StoredAlert) -> None:
+        self._pending[row.fingerprint] = row
+
+    def delete(self, fingerprint: str) -> None:
+        self._pending[fingerprint] = None
+
+    def load(self) -> list[StoredAlert]:
+        """What the last run had firing (anything pending is written first)."""
+        self.file.flush()
+        rows = self.file.read(
+            "SELECT fingerprint, identity, chat_id, labels, annotations, starts_at, ends_at "
+            "FROM alerts"
+        )
+        return [
+            StoredAlert(f, i, c, orjson.loads(lab), orjson.loads(ann), s, e)
+            for f, i, c, lab, ann, s, e in rows
+        ]
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def take(self) -> dict[str, StoredAlert | None] | None:
+        if not self._pending:
+            return None
+        batch, self._pending = self._pending, {}
+        return batch
+
+    def restore(self, batch: dict[str, StoredAlert | None]) -> None:
+        for f, a in batch.items():
+            self._pending.setdefault(f, a)
+
+    def write(self, db: sqlite3.Connection, batch: dict[str, StoredAlert | None]) -> int:
+        db.executemany(
+            "INSERT OR REPLACE INTO alerts VALUES (?,?,?,?,?,?,?)",
+            [_alert_row(r) for r in batch.values() if r is not None],
+        )
+        db.executemany(
+            "DELETE FROM alerts WHERE fingerprint=?",
+            [(fp,) for fp, row in batch.items() if row is None],
+        )
+        return len(batch)
+
+
+def _alert_row(r: StoredAlert) -> tuple[Any, ...]:
+    labels, annotations = dumps(r.labels), dumps(r.annotations)
+    return (r.fingerprint, r.identity, r.chat_id, labels, annotations, r.starts_at, r.ends_at)
 
 
 def clock_of(name: str) -> str:
@@ -42,13 +126,13 @@ class Ledger:
         self,
         *,
         sink: AlertSink,
-        db: StateDB | None,
+        db: StateFile | None,
         timers: TimerHeap,
         wall: WallClock,
         counters: dict[str, int],
     ) -> None:
         self.sink = sink
-        self.db = db
+        self.stored = db.part(StoredAlerts) if db is not None else None
         self.timers = timers
         self.wall = wall
         self.counters = counters
@@ -60,8 +144,8 @@ class Ledger:
         # (identity, chat id) -> coderd's message, for chats whose execution state a
         # mutation found invalid (told by the sweep); cleared when the chat moves.
         self.invalid: dict[tuple[str, str], str] = {}
-        if db is not None:
-            for row in db.load_alerts():
+        if self.stored is not None:
+            for row in self.stored.load():
                 if row.ends_at is None:
                     self._remember(
                         Alert(
@@ -92,8 +176,8 @@ class Ledger:
         self, alert: Alert, identity: str, chat_id: str | None, *, say: Callable[..., Any] | None
     ) -> None:
         self._remember(alert)
-        if self.db is not None:
-            self.db.save_alert(
+        if self.stored is not None:
+            self.stored.save(
                 StoredAlert(
                     alert.fingerprint,
                     identity,
@@ -150,8 +234,8 @@ class Ledger:
                 continue
             updated = said_invalid(alert, message)
             self.firing[fp] = updated
-            if self.db is not None:
-                self.db.save_alert(
+            if self.stored is not None:
+                self.stored.save(
                     StoredAlert(
                         fp,
                         identity,
@@ -196,8 +280,8 @@ class Ledger:
         # A chat alert starts at a server time; a host clock behind the server must not
         # end it before it started (Alertmanager refuses endsAt < startsAt).
         resolved = resolution(alert, at=max(at, alert.starts_at), why=why)
-        if self.db is not None:
-            self.db.delete_alert(fp)
+        if self.stored is not None:
+            self.stored.delete(fp)
         self.counters["resolved"] += 1
         self.history.append(resolved)
         log.info(
@@ -223,8 +307,8 @@ class Ledger:
                 # identity's clocks are this replica's no longer.
                 self.firing_clocks.pop((name, chat, clock_of(alert.name)), None)
                 self._forget_chat(name, chat, fp, None)
-            if self.db is not None:
-                self.db.delete_alert(fp)
+            if self.stored is not None:
+                self.stored.delete(fp)
             dropped.append(fp)
         return dropped
 

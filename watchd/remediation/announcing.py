@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from watchd.alerting.model import Alert, fingerprint
+from watchd.remediation.progress import SweepEntry
 from watchd.store.records import ChatRecord
-from watchd.store.rows import SweepEntry
 
 
 class Ledger(Protocol):

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from watchd.kits import logs
+from watchd.remediation.progress import SweepEntry
 from watchd.store.records import ChatRecord
-from watchd.store.rows import SweepEntry
 
 log = logs.get("watchd.sweep")
 

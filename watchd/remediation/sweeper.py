@@ -20,11 +20,11 @@ from watchd.kits.ratelimit import RateLimiter
 from watchd.remediation.announcing import Ledger, announcement, expire_announcements
 from watchd.remediation.audit import AuditLog
 from watchd.remediation.policies import compile_policies, match_policy
+from watchd.remediation.progress import SweepEntry, SweepProgress
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
-from watchd.store.persistence import StateDB
 from watchd.store.records import ChatRecord
-from watchd.store.rows import SweepEntry
+from watchd.store.sqlite import StateFile
 
 log = logs.get("watchd.sweep")
 
@@ -47,7 +47,7 @@ class Sweeper:
         store: ChatStore,
         health: Mapping[str, IdentityHealth],
         clients: Callable[[str], CoderClient | None],
-        db: StateDB,
+        db: StateFile,
         ledger: Ledger,
         audit_path: Path,
         labels: Callable[[str], Mapping[str, str]],
@@ -60,7 +60,7 @@ class Sweeper:
         self.store = store
         self.health = health
         self.clients = clients
-        self.db = db
+        self.progress = db.part(SweepProgress)
         # Where ChatSwept fires and resolves: the detector's persisted set of firing alerts,
         # so an announcement's resolve survives a restart (a timer would not).
         self.ledger = ledger
@@ -90,7 +90,7 @@ class Sweeper:
         expire_announcements(self.ledger, announce_for=self.config.announce_for)
         jobs = []
         # Chats already interrupted by an earlier pass (or an earlier process) come first.
-        for entry in self.db.sweep_in_state("interrupt_sent") + self.db.sweep_in_state("retry"):
+        for entry in self.progress.in_state("interrupt_sent") + self.progress.in_state("retry"):
             policy = next((p for p, _ in self._policies if p.name == entry.policy), None)
             if policy is not None and self._ready(entry.identity):
                 jobs.append(self._continue(entry, policy))
@@ -115,7 +115,7 @@ class Sweeper:
     # -- one chat ---------------------------------------------------------------------
 
     async def _start(self, rec: ChatRecord, policy: SweepPolicy) -> None:
-        entry = self.db.sweep_get(rec.identity, rec.chat_id, policy.name)
+        entry = self.progress.get(rec.identity, rec.chat_id, policy.name)
         if entry is not None and entry.since == rec.since and not self.config.dry_run:
             if entry.state == "planned":
                 entry = None  # a dry run's plan is not an action
@@ -197,7 +197,7 @@ class Sweeper:
                 )
                 return
             entry = replace(entry, state="interrupt_sent", updated=time.time())
-            self.db.sweep_put(entry)
+            self.progress.put(entry)
             self.audit.write(
                 entry, action="interrupt", rec=rec, policy=policy.name, dry_run=False, detail=detail
             )
@@ -306,7 +306,7 @@ class Sweeper:
         self.counts["reconciled"] += 1
         # Reconciled: the chat is now in `error`; later passes treat it like any other.
         entry = replace(entry, state="retry", updated=time.time(), detail="reconciled")
-        self.db.sweep_put(entry)
+        self.progress.put(entry)
         self.audit.write(
             entry,
             action="reconcile_invalid",
@@ -332,7 +332,7 @@ class Sweeper:
             )
             return
         state = "interrupt_sent" if entry.state == "interrupt_sent" else "retry"
-        self.db.sweep_put(replace(entry, state=state, attempts=attempts, detail=detail))
+        self.progress.put(replace(entry, state=state, attempts=attempts, detail=detail))
         log.info(
             "sweep.retry_later",
             identity=entry.identity,
@@ -355,7 +355,7 @@ class Sweeper:
         dry_run: bool = False,
     ) -> None:
         entry = replace(entry, state=state, updated=time.time(), detail=detail)
-        self.db.sweep_put(entry)
+        self.progress.put(entry)
         self.counts[state if state in self.counts else "errors"] += 1
         self.audit.write(
             entry, action=action, rec=rec, policy=policy.name, dry_run=dry_run, detail=detail

@@ -1,24 +1,25 @@
-"""The state file's tables and the codecs between them and watchd's records.
+"""The chats' table in the state file: each chat's record, so a restart keeps every
+chat's clock.
 
-One place says what a row of each table holds: chats, alerts, the notification
-log, sweep progress and silences, each with its record type and the functions
-that turn one into the other. Pure: no connection, no transaction, no I/O
-(:mod:`watchd.store.persistence` runs the SQL).
+One place says what a row of ``chats`` holds and turns a :class:`ChatRecord` into one
+and back; :class:`ChatRows` is the chat store's part of the state file (marks taken by
+the once-a-second flush). Other owners keep their tables beside their own code; this
+module must not learn them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+import sqlite3
+from collections.abc import Iterable
+from typing import Any
 
 import orjson
 
 from watchd.coder.observing import ChatError
 from watchd.store.records import ChatRecord
+from watchd.store.sqlite import Part, StateFile, dumps
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS chats (
   identity TEXT NOT NULL, chat_id TEXT NOT NULL, status TEXT NOT NULL,
   since REAL NOT NULL, clock TEXT NOT NULL, updated_at REAL, seen_at REAL NOT NULL,
@@ -26,140 +27,73 @@ CREATE TABLE IF NOT EXISTS chats (
   last_error TEXT, queued INTEGER, version INTEGER NOT NULL, details TEXT,
   PRIMARY KEY (identity, chat_id)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS nflog (
-  receiver TEXT NOT NULL, group_key TEXT NOT NULL, firing TEXT NOT NULL,
-  resolved TEXT NOT NULL, sent_at REAL NOT NULL, expires_at REAL NOT NULL,
-  PRIMARY KEY (receiver, group_key)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS dispatch (
-  receiver TEXT NOT NULL, group_key TEXT NOT NULL, fingerprint TEXT NOT NULL,
-  alert TEXT NOT NULL, PRIMARY KEY (receiver, group_key, fingerprint)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS sweep (
-  identity TEXT NOT NULL, chat_id TEXT NOT NULL, policy TEXT NOT NULL, since REAL NOT NULL,
-  state TEXT NOT NULL, attempts INTEGER NOT NULL, updated REAL NOT NULL, detail TEXT,
-  PRIMARY KEY (identity, chat_id, policy)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS silences (id TEXT PRIMARY KEY, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS alerts (
-  fingerprint TEXT PRIMARY KEY, identity TEXT NOT NULL, chat_id TEXT,
-  labels TEXT NOT NULL, annotations TEXT NOT NULL, starts_at REAL NOT NULL,
-  ends_at REAL
-);
 """
-SCHEMA_VERSION = "1"
+
+_Batch = tuple[dict[tuple[str, str], ChatRecord | None], set[str]]
 
 
-@dataclass(frozen=True, slots=True)
-class StoredAlert:
-    fingerprint: str
-    identity: str
-    chat_id: str | None
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-    starts_at: float
-    ends_at: float | None
+class ChatRows(Part):
+    """The last record of each chat, marked as it changes and written by the flush
+    ("last one wins": a chat marked twice between flushes is written once)."""
 
+    schema = SCHEMA
 
-@dataclass(frozen=True, slots=True)
-class SweepEntry:
-    identity: str
-    chat_id: str
-    policy: str
-    since: float
-    state: str  # planned | interrupt_sent | interrupted | archived | retry | gave_up
-    attempts: int
-    updated: float
-    detail: str | None = None
+    def __init__(self, file: StateFile) -> None:
+        super().__init__(file)
+        self._dirty: dict[tuple[str, str], ChatRecord | None] = {}
+        self._forget: set[str] = set()
 
+    def setup(self, db: sqlite3.Connection) -> None:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(chats)")}
+        if "details" not in columns:
+            # Before 0.2: no mode / client_type / context error / warnings per chat.
+            db.execute("ALTER TABLE chats ADD COLUMN details TEXT")
 
-@dataclass(frozen=True, slots=True)
-class NflogEntry:
-    receiver: str
-    group_key: str
-    firing: frozenset[str]
-    resolved: frozenset[str]
-    sent_at: float
-    expires_at: float
+    def load(self) -> list[ChatRecord]:
+        return [chat_record(r) for r in self.file.read("SELECT * FROM chats")]
 
+    def mark(self, record: ChatRecord) -> None:
+        self._dirty[record.key] = record
 
-class Body(Protocol):
-    """Something that knows its JSON form (an alert held by an aggregation group)."""
+    def mark_deleted(self, identity: str, chat_id: str) -> None:
+        self._dirty[(identity, chat_id)] = None
 
-    def to_json(self) -> dict[str, Any]: ...
+    def forget(self, identity: str) -> None:
+        """Every chat of an identity that is no longer configured (written by the flush,
+        before anything marked after it)."""
+        self._forget.add(identity)
+        self._dirty = {k: v for k, v in self._dirty.items() if k[0] != identity}
 
+    @property
+    def pending(self) -> int:
+        return len(self._dirty) + len(self._forget)
 
-def dumps(obj: Any) -> str:
-    """JSON text for a column (mappings such as ``MappingProxyType`` as objects)."""
-    return orjson.dumps(obj, default=_plain).decode()
+    def take(self) -> _Batch | None:
+        if not (self._dirty or self._forget):
+            return None
+        batch = (self._dirty, self._forget)
+        self._dirty, self._forget = {}, set()
+        return batch
 
+    def restore(self, batch: _Batch) -> None:
+        dirty, forget = batch
+        for k, r in dirty.items():
+            if k[0] not in self._forget:
+                self._dirty.setdefault(k, r)
+        self._forget |= forget
 
-def _plain(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-# -- alerts ---------------------------------------------------------------------
-
-
-def alert_row(row: StoredAlert) -> tuple[Any, ...]:
-    return (
-        row.fingerprint,
-        row.identity,
-        row.chat_id,
-        dumps(row.labels),
-        dumps(row.annotations),
-        row.starts_at,
-        row.ends_at,
-    )
-
-
-def stored_alert(row: Iterable[Any]) -> StoredAlert:
-    f, i, c, lab, ann, s, e = row
-    return StoredAlert(f, i, c, orjson.loads(lab), orjson.loads(ann), s, e)
-
-
-# -- alerts held by aggregation groups -------------------------------------------
-
-
-def dispatch_row(key: tuple[str, str, str], body: Body) -> tuple[Any, ...]:
-    """(receiver, group key, fingerprint, the alert's JSON), serialised at flush time."""
-    return (*key, dumps(body.to_json()))
-
-
-# -- notification log -------------------------------------------------------------
-
-
-def nflog_row(entry: NflogEntry) -> tuple[Any, ...]:
-    return (
-        entry.receiver,
-        entry.group_key,
-        dumps(sorted(entry.firing)),
-        dumps(sorted(entry.resolved)),
-        entry.sent_at,
-        entry.expires_at,
-    )
-
-
-def nflog_entry(receiver: str, group_key: str, row: Iterable[Any]) -> NflogEntry:
-    """``row`` is (firing, resolved, sent_at, expires_at)."""
-    firing, resolved, sent_at, expires_at = row
-    return NflogEntry(
-        receiver,
-        group_key,
-        frozenset(orjson.loads(firing)),
-        frozenset(orjson.loads(resolved)),
-        sent_at,
-        expires_at,
-    )
-
-
-# -- sweep progress ---------------------------------------------------------------
-
-
-def sweep_row(e: SweepEntry) -> tuple[Any, ...]:
-    return (e.identity, e.chat_id, e.policy, e.since, e.state, e.attempts, e.updated, e.detail)
+    def write(self, db: sqlite3.Connection, batch: _Batch) -> int:
+        dirty, forget = batch
+        db.executemany("DELETE FROM chats WHERE identity=?", [(i,) for i in forget])
+        upserts = [chat_row(r) for r in dirty.values() if r is not None]
+        if upserts:
+            db.executemany(
+                "INSERT OR REPLACE INTO chats VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", upserts
+            )
+        deletes = [k for k, r in dirty.items() if r is None]
+        if deletes:
+            db.executemany("DELETE FROM chats WHERE identity=? AND chat_id=?", deletes)
+        return len(dirty) + len(forget)
 
 
 # -- chats ------------------------------------------------------------------------
