@@ -45,7 +45,8 @@ class Server:
     """What the Coder server holds: the truth the confirmer reads."""
 
     chats: dict[str, Observation] = field(default_factory=dict)
-    fail: bool = False
+    fail: bool = False  # GETs fail
+    list_fail: bool = False  # listings fail
     gets: int = 0
     lists: int = 0
     lookups: int = 0
@@ -82,6 +83,8 @@ class FakeConfirmer:
     async def relist(self, *, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
         self.server.lists += 1
         self.server.read("list")
+        if self.server.list_fail:
+            raise CoderError(status=502, message="bad gateway")
         now = self.clock.now()
         self.det.apply(
             self.name,
@@ -988,3 +991,61 @@ async def test_a_reentry_seen_on_the_stream_pages_on_the_new_episodes_clock() ->
         r.see("c1", "running", t0 + 22)  # another lost round trip: the page resolves
         await r.settle()
         assert r.sink.names() == [("ChatStuck", "firing"), ("ChatStuck", "resolved")]
+
+
+async def test_a_get_that_keeps_failing_is_confirmed_by_a_listing() -> None:
+    """Only GET /chats/{id} fails (a proxy's login page): the second retry confirms the
+    chat through a listing, and the page comes, not a re-arm every 30 s forever."""
+    from watchd.detection.confirming import RETRY_CONFIRM_AFTER
+
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.server.fail = True
+        r.see("c1", "running", r.clock.now() - 120)
+        await r.settle()
+        for _ in range(2):
+            assert r.sink.alerts == []
+            r.advance(RETRY_CONFIRM_AFTER + 1)
+            await r.settle()
+        assert (r.server.gets, r.server.lists) == (2, 1)
+        assert r.sink.names() == [("ChatStuck", "firing")]
+        assert "unconfirmed" not in r.sink.alerts[0].annotations
+        assert r.det.watched["a"].failures == {}
+
+
+async def test_a_chat_that_cannot_be_reread_at_all_fires_unconfirmed() -> None:
+    """GETs and listings both keep failing while the record says past budget: after
+    three failed re-reads the chat fires with the evidence at hand, saying so."""
+    from watchd.detection.confirming import RETRY_CONFIRM_AFTER
+
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.server.fail = r.server.list_fail = True
+        r.see("c1", "running", r.clock.now() - 120)
+        await r.settle()
+        for _ in range(3):
+            assert r.sink.alerts == []
+            r.advance(RETRY_CONFIRM_AFTER + 1)
+            await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")]
+        alert = r.sink.alerts[0]
+        assert alert.annotations["unconfirmed"] == "HTTP 502: bad gateway"
+        assert "unconfirmed" in alert.annotations["hint"]
+        assert r.det.counters["unconfirmed"] == 1
+
+
+async def test_persistently_failing_rereads_make_the_identity_unhealthy() -> None:
+    """An identity whose confirmation re-reads keep failing is unhealthy even while its
+    stream is ready: IdentityUnhealthy fires, and resolves once a re-read succeeds."""
+    from watchd.detection.detector import CONFIRM_FAILURES_UNHEALTHY
+
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.health.confirm_failures = CONFIRM_FAILURES_UNHEALTHY
+        r.health.last_error = "confirmation failed: HTTP 200: not JSON"
+        r.det._health_tick()
+        assert r.sink.names() == [("IdentityUnhealthy", "firing")]
+        assert "confirmation failed" in r.sink.alerts[0].annotations["last_error"]
+        r.health.confirm_failures = 0
+        r.det._health_tick()
+        assert r.sink.names()[-1] == ("IdentityUnhealthy", "resolved")

@@ -414,4 +414,5 @@ async def test_confirmation_reads_answer_through_the_store_and_the_sink(
     with pytest.raises(CoderError):
         await w.rereads.reread(chat.id)
     assert health.last_error.startswith("confirmation failed: ")
+    assert health.confirm_failures == 1  # counted toward the identity's health
     assert len(timed) == 3

@@ -302,6 +302,18 @@ def said_invalid(alert: Alert, message: str) -> Alert:
     return dataclasses.replace(alert, annotations=annotations)
 
 
+def unconfirmed_alert(alert: Alert, error: str) -> Alert:
+    """A chat alert fired without its confirming re-read (which kept failing): it says so,
+    with the error, so the page is read as the evidence at hand, not a fresh read."""
+    annotations = dict(alert.annotations)
+    annotations["unconfirmed"] = error
+    annotations["hint"] = (
+        f"{alert.annotations.get('hint', '')} (unconfirmed: re-reading this chat keeps "
+        f"failing: {error}; check what answers GET /chats/<id> for this token)"
+    ).strip()
+    return dataclasses.replace(alert, annotations=annotations)
+
+
 def _identity_hint(h: IdentityHealth) -> str:
     if h.state == "auth_failed":
         return (

@@ -26,7 +26,7 @@ import structlog
 
 from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.detection.alerts import Draft, Renderer
+from watchd.detection.alerts import Draft, Renderer, unconfirmed_alert
 from watchd.detection.budgets import Clock, Overdue, past_budget
 from watchd.detection.diagnosis import Facts
 from watchd.detection.drafting import Drafted, Drafting, LatePages
@@ -43,6 +43,12 @@ from watchd.store.records import ChatRecord
 log = logs.get("watchd.detection")
 
 RETRY_CONFIRM_AFTER = 30.0
+# A due chat whose GET keeps failing (a proxy's login page, a 5xx, a body that does not
+# parse) while listings work is confirmed by a listing from its second failure on, and
+# after its third fires with the evidence at hand, annotated "unconfirmed: <error>":
+# never re-armed forever in silence.
+LIST_AFTER = 2
+UNCONFIRMED_AFTER = 3
 # Before confirming, let a burst of due chats finish coming due: wait until no new one
 # arrived for SETTLE_QUIET and no deadline is imminent (at most SETTLE_MAX), so one listing
 # confirms the whole burst.
@@ -113,7 +119,11 @@ class Confirming:
                 batch = list(w.pending)
                 w.pending.clear()
                 try:
-                    if len(batch) >= self.listing_threshold:
+                    if w.failures:
+                        batch = await self._persistently_failing(w, batch)
+                    if len(batch) >= self.listing_threshold or any(
+                        w.failures.get(k, (0, ""))[0] >= LIST_AFTER for k in batch
+                    ):
                         await self._by_listing(w, batch)
                         continue
                     for i, key in enumerate(batch):
@@ -172,6 +182,8 @@ class Confirming:
             drafter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await drafter
+        for key in batch:
+            w.failures.pop(key, None)
         # Chats that came due while the listing ran and that a later page read: this
         # listing confirms them too (no second listing a second later).
         late = [key for key in pages.confirmed if w.pending.pop(key, None) is not None]
@@ -228,10 +240,12 @@ class Confirming:
         self.counters["confirm_get"] += 1
         try:
             if await w.confirmer.reread(chat_id) == "gone":
+                w.failures.pop(key, None)
                 return
         except (CoderError, PayloadError) as exc:
             self._failed(w, [key], exc)
             return
+        w.failures.pop(key, None)
         rec = self.store.get(identity, chat_id)
         if rec is not None:
             await self._verdicts(w, [(rec, clock)])
@@ -242,12 +256,39 @@ class Confirming:
         self.counters["confirm_failed"] += 1
         log.warning("confirm.failed", identity=w.health.name, error=str(exc), chats=len(keys))
         retry = self.wall.now() + RETRY_CONFIRM_AFTER
+        error = str(exc)[:300]
+        for key in keys:
+            w.failures[key] = (w.failures.get(key, (0, ""))[0] + 1, error)
         for identity, chat_id, clock in keys:
             rec = self.store.get(identity, chat_id)
             if rec is not None:
                 version = rec.version if clock == "status" else int((rec.updated_at or 0) * 1000)
                 self.timers.arm((identity, chat_id, clock), retry, version)
         self.arming.wake()
+
+    async def _persistently_failing(self, w: Watched, batch: list[ClockKey]) -> list[ClockKey]:
+        """Fire the chats of ``batch`` whose re-reads failed UNCONFIRMED_AFTER times in a
+        row with the evidence at hand (the record as last seen, still past budget),
+        annotated with the error; return the rest to confirm as usual."""
+        rest: list[ClockKey] = []
+        stuck: list[tuple[ChatRecord, Clock]] = []
+        errors: dict[ClockKey, str] = {}
+        for key in batch:
+            count, error = w.failures.get(key, (0, ""))
+            rec = self.store.get(key[0], key[1])
+            if count < UNCONFIRMED_AFTER or rec is None:
+                if rec is None:
+                    w.failures.pop(key, None)
+                rest.append(key)
+                continue
+            del w.failures[key]
+            errors[key] = error
+            stuck.append((rec, "stalled" if key[2] == "stalled" else "status"))
+        if stuck:
+            self.counters["unconfirmed"] += len(stuck)
+            log.warning("confirm.giving_up", identity=w.health.name, chats=len(stuck))
+            await self._verdicts(w, stuck, unconfirmed=errors)
+        return rest
 
     def _rearm(self, rec: ChatRecord | None) -> None:
         if rec is not None:
@@ -316,8 +357,10 @@ class Confirming:
         items: list[tuple[ChatRecord, Clock]],
         *,
         drafts: Mapping[ClockKey, Drafted] | None = None,
+        unconfirmed: Mapping[ClockKey, str] | None = None,
     ) -> None:
-        """Fire what the confirmation shows past budget.
+        """Fire what the confirmation shows past budget (``unconfirmed``: what could not
+        be re-read, by the error that kept it from being, said in the alert).
 
         Facts are gathered first (a burst reads at most BURST_LOOKUPS workspace builds),
         then every alert is fired in one synchronous pass, so a burst reaches its
@@ -370,6 +413,10 @@ class Confirming:
                     invalid=invalid.get(rec.key) if invalid else None,
                     burst=burst,
                 )
+                if unconfirmed:
+                    error = unconfirmed.get((rec.identity, rec.chat_id, clock))
+                    if error is not None:
+                        alert = unconfirmed_alert(alert, error)
                 fired.append(alert)
                 yield alert, rec.identity, rec.chat_id
 

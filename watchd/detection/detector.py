@@ -39,6 +39,10 @@ log = logs.get("watchd.detection")
 # Why a tombstoned chat's alert resolved, in the words of its resolve notification.
 # Others read "chat <reason>": "chat gone (404)", "chat gone (missing from two complete
 # listings)" (see ChatStore.tombstone's callers).
+# Confirmation re-reads failed in a row past which the identity is unhealthy (about two
+# and a half minutes of a chat's retries at RETRY_CONFIRM_AFTER, or five chats' worth).
+CONFIRM_FAILURES_UNHEALTHY = 5
+
 _GONE = {
     "archived": "chat archived",
     "deleted": "chat gone (deleted)",
@@ -71,6 +75,7 @@ class Detector:
             "confirm_get": 0,
             "confirm_listing": 0,
             "confirm_failed": 0,
+            "unconfirmed": 0,
             "deferred": 0,
             "unfounded": 0,
         }
@@ -340,7 +345,9 @@ class Detector:
             # Its confirmations crash again and again: no verdict can come from it, so it is
             # as unhealthy as an identity that cannot list.
             confirming = TASKS.tasks.get(f"confirm:{name}")
-            broken = confirming is not None and confirming.crashes_in_a_row >= CRASH_LOOP
+            crashing = confirming is not None and confirming.crashes_in_a_row >= CRASH_LOOP
+            # Or its re-reads keep failing while the stream works: the same, by Coder's doing.
+            broken = crashing or h.confirm_failures >= CONFIRM_FAILURES_UNHEALTHY
             if h.ready and not broken:
                 if fp in firing:
                     self.ledger.resolve(fp, at=self.wall.now(), why="identity recovered")
@@ -349,7 +356,7 @@ class Detector:
                 not broken and not h.refused and h.unhealthy_for(loop_now) < h.unhealthy_after
             ):
                 continue
-            if broken and confirming is not None:
+            if crashing and confirming is not None:
                 h.last_error = f"confirmation task keeps crashing: {confirming.last_error}"
             down_for = h.unhealthy_for(loop_now)
             alert = identity_unhealthy(

@@ -59,3 +59,6 @@ class Watched:
     task: asyncio.Task[None] | None = None
     # status → budget seconds (None: never stuck), filled on first use per status.
     limits: dict[str, float | None] = field(default_factory=dict)
+    # Due chats whose re-reads failed in a row: (failures, the last error). Bounded by the
+    # chats that came due; cleared by a re-read that succeeds or by the verdict.
+    failures: dict[ClockKey, tuple[int, str]] = field(default_factory=dict)

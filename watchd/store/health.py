@@ -51,6 +51,9 @@ class IdentityHealth:
     # Chats missing from recent complete listings, not yet confirmed gone.
     absent: int = 0
     absent_confirms: int = 0
+    # Confirmation re-reads (GETs, listings) that failed in a row: past a few, the identity
+    # is unhealthy even while its stream and listings work (no verdict can be trusted).
+    confirm_failures: int = 0
     # Coder refused the token twice (401/403): IdentityUnhealthy without waiting for
     # unhealthy_after, which is for outages that may pass.
     refused: bool = False

@@ -57,6 +57,7 @@ class Rereads:
         except CoderError as exc:
             if exc.status == 404:
                 self._timed(started)
+                self.health.confirm_failures = 0
                 gone = self.store.tombstone(self.name, chat_id, reason="gone", via="confirm")
                 if gone is not None:
                     self.changes.apply(self.name, (gone,))
@@ -67,6 +68,7 @@ class Rereads:
             self._failed(exc, started)
             raise
         self._timed(started)
+        self.health.confirm_failures = 0
         now = self.health.server_clock.now()
         change = self.store.observe(self.name, chat, now=now, via="confirm")
         if change is not None:
@@ -82,6 +84,7 @@ class Rereads:
         except (CoderError, PayloadError) as exc:
             self._note(exc)
             raise
+        self.health.confirm_failures = 0
 
     async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Readings:
         """The reads that explain a stuck chat (its workspace's build, the quota)."""
@@ -98,3 +101,4 @@ class Rereads:
 
     def _note(self, exc: Exception) -> None:
         self.health.last_error = f"confirmation failed: {exc}"
+        self.health.confirm_failures += 1
