@@ -9,6 +9,8 @@ problem per line, naming its field path), 0 after a clean shutdown.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import os
 from collections.abc import Sequence
 
@@ -183,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A fatal signal (SIGSEGV, SIGBUS: a state file made immutable under a memory map,
+    # a full disk behind one) says what happened and where on stderr, not nothing.
+    if not faulthandler.is_enabled():
+        # (not where stderr has no file descriptor: in-process tests)
+        with contextlib.suppress(OSError, ValueError):
+            faulthandler.enable()
     args = build_parser().parse_args(argv)
     fmt = args.log_format
     quiet = args.command == "demo"

@@ -16,6 +16,7 @@ from tests.unit.test_client import client_for
 from tests.unit.test_watching import eventually, watching
 from watchd.coder.client import CoderClient, Listing
 from watchd.coder.errors import CoderError
+from watchd.coder.observing import ChatId, Observation
 from watchd.coder.transport import Transport
 from watchd.config.watching import Budgets
 from watchd.detection.detector import Detector
@@ -25,6 +26,8 @@ from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
 from watchd.store.rows import ChatRows
 from watchd.store.sqlite import StateFile
+from watchd.watching.reconciling import ABSENT_GET_LIMIT
+from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
 # The server-clock estimate moves by fractions of a second as Date samples arrive, and a
 # chat seen "after a listing started" is spared by it: listings here are a second apart,
@@ -352,3 +355,58 @@ async def test_a_deployment_without_date_headers_is_said_once(
         events = [e["event"] for e in logs]
         assert events.count("clock.no_date_header") == 1
         assert events.count("clock.disagrees") == 1
+
+
+@pytest.mark.looptime
+async def test_phantom_chats_retire_in_bulk_whatever_their_status(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """Thousands of chats only ever seen in watch events (statuses this build does not
+    know) cost no GET each: a second complete listing that lacks them retires them in one
+    pass; an active chat among them is still confirmed by GET (the moving cursor)."""
+    alice = sim.state.add_user("alice")
+    async with watching(sim, alice, session) as r:
+        await eventually(lambda: r.health.ready)
+        now = r.health.server_clock.now()
+        for i in range(ABSENT_GET_LIMIT * 2):
+            phantom = Observation(id=ChatId(f"p{i}"), status="hibernating", updated_at=now)
+            r.store.observe("alice", phantom, now=now, via="watch", kind="status_change")
+        running = Observation(id=ChatId("p-run"), status="running", updated_at=now)
+        r.store.observe("alice", running, now=now, via="watch", kind="status_change")
+        await asyncio.sleep(APART)
+        await r.watcher.relist()
+        assert set(r.watcher.reconciler.to_confirm) == {"p-run"}
+        assert len(r.store.absent("alice")) == ABSENT_GET_LIMIT * 2 + 1
+        await asyncio.sleep(APART)
+        await r.watcher.relist()
+        left = {rec.chat_id for rec in r.store.records("alice")}
+        assert left == {"p-run"}
+
+
+async def test_an_incomplete_listing_says_so_in_the_identitys_last_error(
+    session: aiohttp.ClientSession,
+) -> None:
+    """A listing that cannot prove it covered everything leaves its reason in the
+    identity's last_error (not an empty one), beside the incomplete_listings count."""
+    runner = await _scripted({None: _rows("a", "b")})
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        health = IdentityHealth(
+            name="x", deployment=url, server_clock=ServerClock(), unhealthy_after=60
+        )
+        client = CoderClient(
+            Transport(base_url=url, token="t", session=session), prefix="/api/v2", page_size=2
+        )
+        w = IdentityWatcher(
+            health=health,
+            client=client,
+            store=ChatStore(),
+            changes=Detector(store=ChatStore(), sink=None),  # type: ignore[arg-type]
+            listing_gate=asyncio.Semaphore(1),
+            settings=WatchSettings(),
+        )
+        await w.relist()
+        assert health.incomplete_listings == 1
+        assert health.last_error.startswith("listing incomplete: ")
+    finally:
+        await runner.cleanup()

@@ -97,3 +97,28 @@ def test_state_dir_check_has_no_side_effects(tmp_path: Path) -> None:
         f"state_dir: cannot create {blocker / 'state'} ({blocker} is not a directory)"
     )
     assert check_state_dir(blocker) == f"state_dir: {blocker} is not a directory"
+
+
+def test_a_fatal_signal_is_said_on_stderr_not_silent() -> None:
+    """A process killed by SIGBUS (an immutable state file under a memory map) prints
+    what happened and where, instead of dying without a word."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "watchd", "sim", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # it runs: the simulator says where it listens
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGBUS)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGBUS
+    assert b"Fatal Python error: Bus error" in err

@@ -23,7 +23,7 @@ import structlog
 
 from watchd.coder.client import CoderClient, Listing
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.models import IDLE_STATUSES
+from watchd.coder.models import ACTIVE_STATUSES
 from watchd.kits import logs
 from watchd.kits.clock import loop_time
 from watchd.store.chats import ChatStore
@@ -33,9 +33,12 @@ from watchd.store.records import Change
 
 log = logs.get("watchd.watching")
 
-# Idle chats missing from a listing are confirmed by GET only when this few are missing
-# (a mass deletion waits for a second listing instead of a GET storm); a chat whose
-# status has a budget is always confirmed by GET.
+# Chats missing from a listing are confirmed by GET only when this few are missing. In
+# bulk (a mass deletion, or thousands of phantom chats that only ever appeared in watch
+# events) they retire when a second complete listing lacks them too, one tombstone pass
+# instead of a GET storm, whatever their status, except an *active* one (running,
+# pending, interrupting): the moving cursor skips exactly the rows whose updated_at moves
+# while a listing pages, so those are always confirmed by GET.
 ABSENT_GET_LIMIT = 20
 ABSENT_GETS_PER_PASS = 100
 
@@ -156,6 +159,7 @@ class Reconciler:
                     self._absent_found(absent)
             else:
                 self.health.incomplete_listings += 1
+                self.health.last_error = f"listing incomplete: {listing.incomplete}"
                 log.warning(
                     "listing.incomplete",
                     identity=self.name,
@@ -205,7 +209,7 @@ class Reconciler:
             rec = self.store.get(self.name, chat_id)
             if rec is None:
                 continue
-            if rec.status in IDLE_STATUSES and not few:
+            if not few and rec.status not in ACTIVE_STATUSES:
                 if missed >= 2:
                     change = self.store.tombstone(
                         self.name, chat_id, reason="gone (missing from two complete listings)"
