@@ -1049,3 +1049,25 @@ async def test_persistently_failing_rereads_make_the_identity_unhealthy() -> Non
         r.health.confirm_failures = 0
         r.det._health_tick()
         assert r.sink.names()[-1] == ("IdentityUnhealthy", "resolved")
+
+
+async def test_chat_labels_copied_into_alerts_are_bounded() -> None:
+    """A chat with 20 labels, one of them 200 000 characters long, pages with at most 16
+    chat labels, each value at most 4 KiB (cut values marked), and says what was cut."""
+    from watchd.store.records import LABEL_VALUE_MAX, MAX_LABELS
+
+    labels = tuple(sorted((f"k{i:02d}", "v" * (200_000 if i == 3 else 5)) for i in range(20)))
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 120, labels=labels)
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")]
+        alert = r.sink.alerts[0]
+        copied = {k: v for k, v in alert.labels.items() if k.startswith("chat_label_")}
+        assert len(copied) == MAX_LABELS
+        assert copied["chat_label_k03"] == "v" * LABEL_VALUE_MAX + "…"
+        assert max(len(v) for v in alert.labels.values()) <= LABEL_VALUE_MAX + 1
+        assert "first 16 labels" in alert.annotations["labels_cut"]
+        assert "k03" in alert.annotations["labels_cut"]
+        rec = r.store.get("a", "c1")
+        assert rec is not None and len(rec.labels) == MAX_LABELS + 1

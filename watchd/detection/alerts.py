@@ -20,7 +20,13 @@ from watchd.config.fields import duration_text, format_duration
 from watchd.detection.budgets import ChatVerdict
 from watchd.detection.diagnosis import INVALID_HINT, Facts, hint
 from watchd.store.health import IdentityHealth
-from watchd.store.records import CLOCK_LOWER_BOUND, CLOCK_SYNTHESIZED, ChatRecord
+from watchd.store.records import (
+    CLOCK_LOWER_BOUND,
+    CLOCK_SYNTHESIZED,
+    LABEL_VALUE_MAX,
+    MAX_LABELS,
+    ChatRecord,
+)
 
 CLOCK_TEXT = {
     "transition": "transition seen on the watch stream (exact)",
@@ -119,7 +125,8 @@ class Renderer:
         burst): drafted while a confirmation listing's pages arrive, finished after it."""
         out: dict[str, str] = {}
         keys = self._label_keys
-        for k, v in rec.labels:
+        cut = _labels_cut(rec.labels)
+        for k, v in rec.labels[:MAX_LABELS] if cut else rec.labels:
             key = keys.get(k)
             if key is None:
                 key = keys[k] = f"chat_label_{_LABEL_KEY.sub('_', k)}"
@@ -145,6 +152,8 @@ class Renderer:
             tail.append(("warnings", "; ".join(rec.warnings)))
         if rec.parent_id:
             tail.append(("parent_chat_id", rec.parent_id))
+        if cut:
+            tail.append(("labels_cut", cut))
         if rec.last_error is not None:
             e = rec.last_error
             tail.append(
@@ -292,6 +301,19 @@ def identity_unhealthy(
             "effect": "no ChatStuck verdicts for this identity until it recovers",
         },
     )
+
+
+def _labels_cut(labels: tuple[tuple[str, str], ...]) -> str:
+    """What of a chat's labels its alerts leave out, in words ("" when nothing)."""
+    if not labels:
+        return ""
+    parts = []
+    if len(labels) > MAX_LABELS:
+        parts.append(f"only the first {MAX_LABELS} labels by name are copied")
+    cut = [k for k, v in labels[:MAX_LABELS] if len(v) > LABEL_VALUE_MAX]
+    if cut:
+        parts.append(f"cut to {LABEL_VALUE_MAX} characters: {', '.join(cut)}")
+    return "; ".join(parts)
 
 
 def said_invalid(alert: Alert, message: str) -> Alert:

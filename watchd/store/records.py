@@ -26,6 +26,28 @@ FUTURE_TOLERANCE = 30.0
 
 # How the store knows a chat's clock start (see watchd.store.chats).
 ClockSource = Literal["transition", "synthesized", "lower_bound"]
+# A chat's labels become its alerts' labels: at most MAX_LABELS are copied, each value at
+# most LABEL_VALUE_MAX characters (a 200 000-character label made 3.9 MB webhook bodies,
+# which a receiver behind nginx's 1 MB default refuses for good). A record keeps one label
+# more than is copied, so an alert can say that some were left out, and marks a value it
+# cut with a trailing "…".
+MAX_LABELS = 16
+LABEL_VALUE_MAX = 4096
+
+
+def bounded_labels(labels: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """``labels`` (sorted by name) as a record keeps them (see MAX_LABELS)."""
+    if not labels:
+        return labels
+    kept = labels[: MAX_LABELS + 1]
+    if any(len(v) > LABEL_VALUE_MAX or len(k) > LABEL_VALUE_MAX for k, v in kept):
+        kept = tuple(
+            (k[:LABEL_VALUE_MAX], v if len(v) <= LABEL_VALUE_MAX else v[:LABEL_VALUE_MAX] + "…")
+            for k, v in kept
+        )
+    return kept
+
+
 CLOCK_TRANSITION: ClockSource = "transition"
 CLOCK_SYNTHESIZED: ClockSource = "synthesized"
 CLOCK_LOWER_BOUND: ClockSource = "lower_bound"
@@ -104,7 +126,7 @@ def build(
             chat.title or p.title,
             chat.workspace_id or p.workspace_id,
             chat.parent_chat_id or p.parent_id,
-            chat.labels or p.labels,
+            bounded_labels(chat.labels) or p.labels,
             chat.last_error if status == "error" else None,
             queued if queued is not None else p.queued_for_capacity,
             version,
@@ -125,7 +147,7 @@ def build(
         chat.title,
         chat.workspace_id,
         chat.parent_chat_id,
-        chat.labels[:16],
+        bounded_labels(chat.labels),
         chat.last_error,
         chat.queued_for_capacity,
         version,
