@@ -105,6 +105,52 @@ def test_server_clock_outvotes_a_stray_sample() -> None:
     assert clock.offset == settled and settled == pytest.approx(5.0, abs=0.1)
 
 
+def _sample(clock: ServerClock, host: float, offset: float) -> None:
+    import email.utils
+
+    date = email.utils.formatdate(int(host + offset), usegmt=True)
+    clock.observe(date, sent_at=host, received_at=host + 0.01)
+
+
+@pytest.mark.parametrize("step", [3.0, -3.0, 3600.0])
+def test_a_clock_step_every_new_sample_agrees_on_is_followed_within_three(step: float) -> None:
+    """A server (or host) clock that steps is followed after STEP_SAMPLES samples that
+    all agree on the step, not after half the 15-sample window (8 samples); two stray
+    samples before it are still outvoted."""
+    from watchd.kits.clock import STEP_SAMPLES
+
+    clock = ServerClock(FakeWall(0.0))
+    host = 1767225600.0
+    for _ in range(15):
+        host += 0.37
+        _sample(clock, host, 5.0)
+    assert clock.offset == pytest.approx(5.0, abs=0.6)
+    for _ in range(STEP_SAMPLES - 1):
+        host += 0.37
+        _sample(clock, host, 5.0 + step)
+        assert clock.offset == pytest.approx(5.0, abs=0.6)
+    host += 0.37
+    _sample(clock, host, 5.0 + step)
+    assert clock.offset == pytest.approx(5.0 + step, abs=1.0) and clock.steps == 1
+
+
+def test_fresh_stamps_far_behind_the_estimate_are_believed_instead() -> None:
+    """A Date an hour ahead of the server's own stamps (a proxy's clock), or no Date from
+    a server an hour behind: a stamp written just now corrects the estimate, and the
+    correction goes when a fresh stamp agrees with the Date samples again."""
+    wall = FakeWall(1767225600.0)
+    clock = ServerClock(wall)
+    for i in range(5):
+        _sample(clock, wall.t + i * 0.3, 3600.0)
+    wall.t += 2.0
+    assert clock.now() == pytest.approx(wall.t + 3600.0, abs=1.0)
+    assert clock.fresh_stamp(wall.t + 0.2) is True
+    assert clock.now() == pytest.approx(wall.t + 0.2, abs=0.01) and clock.contradicted == 1
+    assert clock.offset == pytest.approx(0.2, abs=0.01)
+    assert clock.fresh_stamp(wall.t + 3600.0) is False  # they agree again
+    assert clock.now() == pytest.approx(wall.t + 3600.0, abs=1.0)
+
+
 def test_the_collector_is_paused_only_inside_and_only_if_it_was_on() -> None:
     """collector_paused turns the cyclic GC off inside the block and back on after it,
     also when the block raises; it leaves a collector that was already off off, and does

@@ -416,3 +416,23 @@ async def test_confirmation_reads_answer_through_the_store_and_the_sink(
     assert health.last_error.startswith("confirmation failed: ")
     assert health.confirm_failures == 1  # counted toward the identity's health
     assert len(timed) == 3
+
+
+@pytest.mark.looptime
+async def test_a_proxy_clock_ahead_of_the_stamps_does_not_fire_every_running_chat(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """Date headers two hours ahead of the server's own stamps (a proxy's clock): the
+    transition events' fresh stamps are believed, so a chat that just started running is
+    not taken for two hours old and paged (budget 1 h), and the identity says why once."""
+    alice = sim.state.add_user("alice")
+    sim.state.faults.date_skew = 7200.0
+    chat = sim.state.add_chat(alice, status="waiting")
+    async with watching(sim, alice, session) as r:
+        await eventually(lambda: r.health.ready)
+        sim.state.set_status(chat.id, "running")
+        await eventually(lambda: r.store.get("alice", chat.id).status == "running")  # type: ignore[union-attr]
+        await asyncio.sleep(5.0)
+        assert r.alerts == []
+        assert r.health.server_clock.stamp_lag == pytest.approx(7200.0, abs=5.0)
+        assert r.health.server_clock.now() == pytest.approx(sim.state.now(), abs=5.0)

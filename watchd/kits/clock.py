@@ -66,6 +66,13 @@ def parse_http_date(value: str) -> float | None:
     return parsed.timestamp()
 
 
+# Samples in a row that make a step (a single or a double outlier stays outvoted).
+STEP_SAMPLES = 3
+# A fresh stamp this far behind the estimate contradicts it (a watch event is delivered
+# within milliseconds of its transition; this leaves room for a slow socket).
+FRESH_LAG = 30.0
+
+
 class ServerClock:
     """An estimate of one deployment's clock, learned from HTTP ``Date`` headers.
 
@@ -80,25 +87,70 @@ class ServerClock:
     def __init__(self, wall: WallClock | None = None, *, window: int = 15) -> None:
         self._wall: WallClock = wall or SystemClock()
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)
-        self.offset: float = 0.0
+        # What the Date samples agree on (server − wall), and how far the server's own
+        # fresh stamps say that is ahead (0 while they agree): see fresh_stamp.
+        self.date_offset: float = 0.0
+        self.stamp_lag: float = 0.0
         # Responses without a usable Date header (the estimate then rests on the others).
         self.missing_date = 0
+        # Steps followed (every recent sample disagreeing with the estimate), and times
+        # fresh stamps contradicted the Date-based estimate.
+        self.steps = 0
+        self.contradicted = 0
+
+    @property
+    def offset(self) -> float:
+        """Server time minus this host's, as best estimated (what deadlines are armed by)."""
+        return self.date_offset - self.stamp_lag
+
+    @offset.setter
+    def offset(self, value: float) -> None:
+        self.date_offset = value
+        self.stamp_lag = 0.0
 
     def observe(self, date_header: str | None, *, sent_at: float, received_at: float) -> None:
-        """Record one response's ``Date`` taken between ``sent_at`` and ``received_at`` (wall)."""
+        """Record one response's ``Date`` taken between ``sent_at`` and ``received_at`` (wall).
+
+        One sample, or two, that disagree with the rest are outvoted (a slow response, a
+        proxy with its own clock); STEP_SAMPLES samples in a row that agree with each other
+        and not with the estimate are a step of the server's clock (or of this host's),
+        and the estimate follows them at once instead of after half the window."""
         server = parse_http_date(date_header) if date_header else None
         if server is None:
             self.missing_date += 1
             return
-        self._samples.append((server - received_at, server + 1.0 - sent_at))
-        self.offset = best_agreement(self._samples)
+        samples = self._samples
+        samples.append((server - received_at, server + 1.0 - sent_at))
+        if len(samples) > STEP_SAMPLES:
+            recent = list(samples)[-STEP_SAMPLES:]
+            lo = max(s[0] for s in recent)
+            hi = min(s[1] for s in recent)
+            if lo <= hi and not lo <= self.date_offset <= hi:
+                samples.clear()
+                samples.extend(recent)
+                self.steps += 1
+        self.date_offset = best_agreement(samples)
+
+    def fresh_stamp(self, stamp: float) -> bool:
+        """A stamp the server wrote just now (a transition's ``updated_at`` as its watch
+        event arrives). One more than FRESH_LAG behind the estimate says the estimate runs
+        ahead of the server's own clock (a proxy's ``Date``, or no ``Date`` from a server
+        behind this host): the stamps are believed instead, and True says so. The
+        correction goes as soon as a fresh stamp agrees with the Date samples again."""
+        lag = self._wall.now() + self.date_offset - stamp
+        if lag > FRESH_LAG:
+            self.stamp_lag = lag
+            self.contradicted += 1
+            return True
+        self.stamp_lag = 0.0
+        return False
 
     def wall_now(self) -> float:
         return self._wall.now()
 
     def now(self) -> float:
         """The deployment's current time (epoch seconds), as best estimated."""
-        return self._wall.now() + self.offset
+        return self._wall.now() + self.date_offset - self.stamp_lag
 
 
 def best_agreement(intervals: Iterable[tuple[float, float]]) -> float:

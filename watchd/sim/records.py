@@ -123,6 +123,8 @@ class Faults:
     # Every error body quotes the request's token (a proxy or a debug build that echoes
     # the request): the client must keep it out of everything it shows.
     echo_token: bool = False
+    # A proxy in front with its own clock: every Date header this far off the server's.
+    date_skew: float = 0.0
 
 
 @dataclass(eq=False)

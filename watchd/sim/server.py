@@ -133,7 +133,7 @@ class SimServer:
         except web.HTTPException as exc:
             response = json_response(exc.status, {"message": exc.reason})
         if not response.prepared:
-            response.headers["Date"] = http_date(state.now())
+            response.headers["Date"] = http_date(state.now() + state.faults.date_skew)
         return response
 
     def _authenticate(self, request: web.Request) -> SimUser:

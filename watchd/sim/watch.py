@@ -56,7 +56,7 @@ class WatchSockets:
         # Subscribe before accepting: a subscribe failure is an HTTP 500, not a close.
         sub = state.subscribe(user.id, agent=request.headers.get("User-Agent", ""))
         ws = web.WebSocketResponse(heartbeat=state.ping_interval, autoping=True)
-        ws.headers["Date"] = http_date(state.now())
+        ws.headers["Date"] = http_date(state.now() + state.faults.date_skew)
         try:
             await ws.prepare(request)
         except Exception:

@@ -44,7 +44,7 @@ from watchd.store.records import (
 # A stamp older than this is checked against the chat's created_at (see ChatStore._sane).
 _OLD_STAMP = 86_400.0
 # Watch events coderd publishes only when a chat enters a status (pubsub.ChatEventKind).
-_TRANSITION_EVENTS = frozenset({"status_change", "created", "action_required"})
+TRANSITION_EVENTS = frozenset({"status_change", "created", "action_required"})
 
 
 class ChatStore:
@@ -140,7 +140,7 @@ class ChatStore:
             if stamp < held and via != "confirm":  # a confirmation read is authoritative
                 self.stale_ignored += 1
                 return None
-            if stamp > held and via == "watch" and kind in _TRANSITION_EVENTS:
+            if stamp > held and via == "watch" and kind in TRANSITION_EVENTS:
                 # coderd publishes these only on a transition: the same status with a newer
                 # stamp proves a round trip whose other events were lost (a re-entry).
                 return self._transition(identity, chat, old, now=now, via=via)
@@ -175,7 +175,7 @@ class ChatStore:
             self.overflow += 1
             return None
         clock = (
-            CLOCK_TRANSITION if via == "watch" and kind in _TRANSITION_EVENTS else CLOCK_LOWER_BOUND
+            CLOCK_TRANSITION if via == "watch" and kind in TRANSITION_EVENTS else CLOCK_LOWER_BOUND
         )
         rec = build(identity, chat, since=clock_start(chat, now), clock=clock, now=now, version=1)
         self._by_identity[identity][chat.id] = rec

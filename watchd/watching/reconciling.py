@@ -82,7 +82,9 @@ class Reconciler:
         # (their events overflowed the buffer during a listing).
         self.to_confirm: dict[str, str] = {}
         self._absent_wake = asyncio.Event()
-        self._clock_warned: set[str] = set()
+        # Which of the clock warnings this identity has said (each once): date, stamps,
+        # behind (the watcher's).
+        self.clock_warned: set[str] = set()
 
     def reread(self, dirty: set[str]) -> None:
         """Chats whose events overflowed the buffer: a few are read by GET (as absent
@@ -179,7 +181,7 @@ class Reconciler:
         """Say once per identity when the deployment's clock cannot be trusted: responses
         without a Date header, or chat timestamps ahead of it or before the chats began."""
         clock = self.health.server_clock
-        said = self._clock_warned
+        said = self.clock_warned
         if clock.missing_date and "date" not in said:
             said.add("date")
             log.warning(

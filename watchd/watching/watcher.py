@@ -45,7 +45,7 @@ from watchd.coder.watchstream import (
 from watchd.kits import logs
 from watchd.kits.backoff import Backoff
 from watchd.kits.clock import loop_time
-from watchd.store.chats import ChatStore
+from watchd.store.chats import TRANSITION_EVENTS, ChatStore
 from watchd.store.health import IdentityHealth, WatchState
 from watchd.telemetry.kinds import WsRedial
 from watchd.watching.diagnosing import Diagnosing
@@ -308,6 +308,7 @@ class IdentityWatcher:
         runs."""
         buffer = self._buffer
         if buffer is None:
+            self._check_stamps(events)
             self._apply_burst(events)
             return
         for event in events:
@@ -329,6 +330,31 @@ class IdentityWatcher:
                     buffered=self.settings.buffer_limit,
                     note="keeping the ids of the chats that change; they are re-read after",
                 )
+
+    def _check_stamps(self, events: list[WatchEvent]) -> None:
+        """A transition's event arrives as coderd writes it: its stamp is the server's
+        clock now, and the estimate must not run far ahead of it (a proxy's Date, no Date
+        from a server behind this host would fire every running chat at once)."""
+        newest = max(
+            (
+                e.chat.updated_at
+                for e in events
+                if e.kind in TRANSITION_EVENTS and e.chat.updated_at is not None
+            ),
+            default=None,
+        )
+        if newest is None:
+            return
+        clock = self.health.server_clock
+        if clock.fresh_stamp(newest) and "behind" not in self.reconciler.clock_warned:
+            self.reconciler.clock_warned.add("behind")
+            log.warning(
+                "clock.ahead_of_stamps",
+                identity=self.name,
+                behind_seconds=round(clock.stamp_lag, 1),
+                note="fresh chat stamps are far behind the Date-based server clock (a proxy's "
+                "clock, or no Date header): the stamps are believed instead",
+            )
 
     def _apply_burst(self, events: list[WatchEvent]) -> None:
         """Events read in one go: one store pass and one detector pass, observed at one
