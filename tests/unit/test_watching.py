@@ -253,10 +253,12 @@ async def test_redial_backoff_grows_while_the_server_is_down(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:
     """While the watch upgrade fails, each redial waits exactly the next backoff (50 ms
-    doubling to the 400 ms cap, jittered by the seeded RNG), then the identity recovers."""
+    doubling to the 400 ms cap, jittered by the seeded RNG), then the identity recovers
+    (no fallback to polling here: test_a_refused_watch_stream_falls_back_to_polling)."""
     alice = sim.state.add_user("alice")
     sim.state.faults.subscribe_fail = True
-    async with watching(sim, alice, session) as r:
+    no_polling = dataclasses.replace(FAST, poll_after=1_000)
+    async with watching(sim, alice, session, no_polling) as r:
         await asyncio.sleep(2.0)
         assert r.health.state == "unreachable" and "500" in r.health.last_error
         sim.state.faults.subscribe_fail = False
@@ -436,3 +438,35 @@ async def test_a_proxy_clock_ahead_of_the_stamps_does_not_fire_every_running_cha
         assert r.alerts == []
         assert r.health.server_clock.stamp_lag == pytest.approx(7200.0, abs=5.0)
         assert r.health.server_clock.now() == pytest.approx(sim.state.now(), abs=5.0)
+
+
+@pytest.mark.looptime
+async def test_a_refused_watch_stream_falls_back_to_polling_and_back(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """A proxy that refuses every upgrade (500 on /chats/watch) while GET /chats works:
+    after a few refusals the identity is watched by listing (ready, state "polling",
+    IdentityDegraded firing), a stuck chat still pages, a change is seen a poll later, and
+    when the stream is allowed again the identity streams and the alert resolves."""
+    alice = sim.state.add_user("alice")
+    stuck = sim.state.add_chat(alice, status="running", age=4000)
+    idle = sim.state.add_chat(alice, status="waiting")
+    sim.state.faults.subscribe_fail = True
+    async with watching(sim, alice, session) as r:
+        await eventually(lambda: r.health.state == "polling", within=30)
+        assert r.health.ready and "polling by listing" in r.health.last_error
+        await eventually(lambda: any(a.name == "ChatStuck" for a in r.alerts), within=30)
+        assert [a.labels["chat_id"] for a in r.alerts if a.name == "ChatStuck"] == [stuck.id]
+        assert any(a.name == "IdentityDegraded" and a.status == "firing" for a in r.alerts)
+        sim.state.set_status(idle.id, "running")
+        await eventually(
+            lambda: r.store.get("alice", idle.id).status == "running",  # type: ignore[union-attr]
+            within=WatchSettings().poll_interval + 5,
+        )
+        sim.state.faults.subscribe_fail = False
+        await eventually(
+            lambda: r.health.state == "ready", within=WatchSettings().poll_session + 30
+        )
+        await eventually(
+            lambda: any(a.name == "IdentityDegraded" and a.status == "resolved" for a in r.alerts)
+        )

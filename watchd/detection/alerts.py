@@ -303,6 +303,34 @@ def identity_unhealthy(
     )
 
 
+def identity_degraded(
+    h: IdentityHealth, *, fp: str, labels: Mapping[str, str], starts_at: float
+) -> Alert:
+    """IdentityDegraded: the identity is watched by listing only (its stream is refused)."""
+    out = dict(labels)
+    out.update(
+        {
+            "alertname": "IdentityDegraded",
+            "identity": h.name,
+            "deployment": h.deployment,
+            "severity": "warning",
+            "status": h.state,
+        }
+    )
+    return Alert(
+        fingerprint=fp,
+        labels=out,
+        starts_at=starts_at,
+        annotations={
+            "summary": f"Identity {h.name} is watched by polling: its watch stream is refused",
+            "last_error": h.last_error or "(none)",
+            "hint": "a proxy or load balancer in front of Coder refuses WebSocket upgrades "
+            "on /chats/watch: allow them (Upgrade and Connection headers, long idle timeouts)",
+            "effect": "verdicts go on from listings; changes are seen up to a poll late",
+        },
+    )
+
+
 def _labels_cut(labels: tuple[tuple[str, str], ...]) -> str:
     """What of a chat's labels its alerts leave out, in words ("" when nothing)."""
     if not labels:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from watchd.alerting.model import Alert, AlertSink, fingerprint
 from watchd.coder.models import KNOWN_STATUSES
 from watchd.config.watching import Budgets
-from watchd.detection.alerts import Renderer, identity_unhealthy
+from watchd.detection.alerts import Renderer, identity_degraded, identity_unhealthy
 from watchd.detection.budgets import ERROR, RUNNING, budget
 from watchd.detection.confirming import Confirming
 from watchd.detection.ledger import ClockKey, Ledger
@@ -69,6 +69,8 @@ class Detector:
         self.chat_failed = chat_failed
         self.timers = TimerHeap()
         self.watched: dict[str, Watched] = {}
+        # Identities whose IdentityDegraded is firing (checked each tick only for them).
+        self._degraded: set[str] = set()
         self.counters = {
             "fired": 0,
             "resolved": 0,
@@ -133,6 +135,7 @@ class Detector:
         """Stop watching an identity: its timers lapse; its alerts resolve unless the
         identity is only being restarted (``resolve=False``)."""
         w = self.watched.pop(name, None)
+        self._degraded.discard(name)
         if w and w.task:
             w.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -341,6 +344,8 @@ class Detector:
         firing = self.ledger.firing
         for name, w in self.watched.items():
             h = w.health
+            if h.state == "polling" or name in self._degraded:
+                self._degraded_tick(w)
             fp = fingerprint(h.deployment, name, "IdentityUnhealthy")
             # Its confirmations crash again and again: no verdict can come from it, so it is
             # as unhealthy as an identity that cannot list.
@@ -363,6 +368,20 @@ class Detector:
                 h, fp=fp, labels=w.labels, down_for=down_for, starts_at=self.wall.now()
             )
             self.ledger.fire(alert, identity=name, chat_id=None)
+
+    def _degraded_tick(self, w: Watched) -> None:
+        """IdentityDegraded while the identity is watched by polling (its stream refused)."""
+        h = w.health
+        fp = fingerprint(h.deployment, h.name, "IdentityDegraded")
+        if h.state == "polling":
+            if fp not in self.ledger.firing:
+                alert = identity_degraded(h, fp=fp, labels=w.labels, starts_at=self.wall.now())
+                self.ledger.fire(alert, identity=h.name, chat_id=None)
+                self._degraded.add(h.name)
+            return
+        self._degraded.discard(h.name)
+        if fp in self.ledger.firing:
+            self.ledger.resolve(fp, at=self.wall.now(), why="the watch stream is back")
 
     # -- alerts raised by other parts of the daemon (QuotaLow, ChatSwept) -------------
 

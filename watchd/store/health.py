@@ -21,6 +21,9 @@ WatchState = Literal[
     "starting",
     "seeding",
     "ready",
+    # Listing on a timer because the watch stream is refused (a proxy that will not
+    # upgrade): verdicts go on, changes are seen a poll late.
+    "polling",
     "reconnecting",
     "auth_failed",
     "unreachable",
@@ -88,14 +91,14 @@ class IdentityHealth:
     def set_state(self, state: WatchState, *, error: str = "") -> None:
         was_ready = self.ready
         self.state = state
-        self.ready = state == "ready"
+        self.ready = state in ("ready", "polling")
         if error:
             self.last_error = error
         if was_ready and not self.ready:
             self.not_ready_since = loop_time()
         if self.ready:
             self.seeded_once = True
-        if state in ("ready", "auth_failed", "not_found", "unreachable"):
+        if state in ("ready", "polling", "auth_failed", "not_found", "unreachable"):
             # Seeded, or the attempt failed conclusively (a stream that merely closed
             # mid-seed is retried at once and does not count).
             self.attempted_once = True

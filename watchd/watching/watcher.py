@@ -75,6 +75,12 @@ class WatchSettings:
     # Dirty chat ids kept past the buffer; past this the stream is dropped and relisted.
     dirty_limit: int = 200_000
     quota_ttl: float = 60.0
+    # A watch stream refused this many times in a row while REST answers (a proxy that
+    # will not upgrade): the identity is watched by listing every poll_interval instead,
+    # trying the stream again every poll_session.
+    poll_after: int = 3
+    poll_interval: float = 15.0
+    poll_session: float = 120.0
 
 
 class IdentityWatcher:
@@ -107,6 +113,8 @@ class IdentityWatcher:
         # Set by any call that Coder refused with 401/403 (the client's on_refused).
         self._refused = asyncio.Event()
         self._refusal: CoderError | None = None
+        # Watch upgrades refused in a row (not auth, not 404): past poll_after, polling.
+        self._stream_refusals = 0
         client.on_refused = self._on_refused
         self.diagnosing = Diagnosing(health=health, client=client, quota_ttl=settings.quota_ttl)
         self.reconciler = Reconciler(
@@ -242,7 +250,13 @@ class IdentityWatcher:
             if exc.status == 404:
                 # The route moved (server upgrade): probe again before the next dial.
                 await self.client.resolve_prefix(force=True)
+            elif not exc.is_auth:
+                self._stream_refusals += 1
+                if self._stream_refusals >= self.settings.poll_after:
+                    await self._poll(exc)
+                    return  # the stream is tried again, at once
             raise
+        self._stream_refusals = 0
         self._conn = conn
         self._refused.clear()
         self._refusal = None
@@ -302,6 +316,26 @@ class IdentityWatcher:
             self._conn = None
             await conn.close(code=close_code, reason=reason)
             self.health.malformed += conn.malformed
+
+    async def _poll(self, refusal: CoderError) -> None:
+        """Watch by listing: the stream keeps being refused while REST may answer. Lists
+        every poll_interval for poll_session (verdicts go on: the identity is ready, in
+        state ``polling``), then returns to try the stream again. A listing that fails
+        ends it as any session's failure does."""
+        s = self.settings
+        why = f"watch stream refused ({refusal}): polling by listing every {s.poll_interval:g}s"
+        until = loop_time() + s.poll_session
+        first = True
+        while True:
+            await self.reconciler.relist()
+            if first:
+                first = False
+                self.health.set_state("polling", error=why)
+                self.changes.readiness_changed(self.name)
+                log.warning("watch.polling", identity=self.name, every=s.poll_interval, why=why)
+            if loop_time() + s.poll_interval > until:
+                return
+            await asyncio.sleep(s.poll_interval)
 
     def _on_events(self, events: list[WatchEvent]) -> None:
         """A burst of events from the socket: applied together, or held while a listing
