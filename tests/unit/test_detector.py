@@ -1071,3 +1071,76 @@ async def test_chat_labels_copied_into_alerts_are_bounded() -> None:
         assert "k03" in alert.annotations["labels_cut"]
         rec = r.store.get("a", "c1")
         assert rec is not None and len(rec.labels) == MAX_LABELS + 1
+
+
+async def test_a_host_clock_step_moves_no_deadline() -> None:
+    """With the daemon's clock (the host's at start, then monotonic), the host clock
+    stepped back an hour (an NTP step, a VM restore) and forward again moves no
+    deadline: a chat due in 10 s pages in 10 s, not an hour later."""
+    import time as _time
+    from unittest import mock
+
+    from watchd.kits.clock import LoopClock
+
+    clock = LoopClock()
+    server_clock = ServerClock(clock)
+    store = ChatStore()
+    sink = Sink()
+    det = Detector(store=store, sink=sink, confirm_rate=50.0, wall=clock)
+    health = IdentityHealth(
+        name="a", deployment="https://coder.test", server_clock=server_clock, unhealthy_after=3600
+    )
+    server = Server()
+    det.register(
+        health,
+        confirmer=FakeConfirmer(server, store, det, "a", server_clock),
+        budgets=Budgets(running=60),
+        labels={},
+    )
+    task = asyncio.create_task(det.run())
+    try:
+        health.set_state("ready")
+        det.readiness_changed("a")
+        chat = Observation(id=ChatId("c1"), status="running", updated_at=server_clock.now() - 50)
+        server.chats["c1"] = chat
+        det.apply("a", [store.observe("a", chat, now=server_clock.now(), via="watch")])  # type: ignore[list-item]
+        real = _time.time
+        with mock.patch("time.time", lambda: real() - 3600.0):
+            await asyncio.sleep(9.0)
+            assert sink.alerts == []
+            await asyncio.sleep(2.0)
+        assert sink.names() == [("ChatStuck", "firing")]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await det.unregister("a", reason="test over")
+
+
+def test_the_daemon_reads_one_step_free_clock_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's detector, its identities' server clocks and its dispatcher share one
+    clock that a host clock step does not move (issue: timers on the monotonic clock)."""
+    from watchd.config.loading import parse_config
+    from watchd.config.secrets import resolve_secrets
+    from watchd.daemon.app import Daemon
+    from watchd.kits.clock import LoopClock
+
+    monkeypatch.setenv("WATCHD_TEST_TOKEN", "token-value-0123456789")
+    config = parse_config(
+        {
+            "identities": [
+                {"name": "a", "url": "https://coder.example.com", "token_env": "WATCHD_TEST_TOKEN"}
+            ],
+            "state_dir": str(tmp_path),
+            "telemetry": {"exporter": "none"},
+        }
+    )
+    d = Daemon(config, resolve_secrets(config))
+    try:
+        assert isinstance(d.clock, LoopClock)
+        assert d.detector.wall is d.clock and d.identities.clock is d.clock
+    finally:
+        d.db.close()
+        d.state_lock.release()

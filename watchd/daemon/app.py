@@ -49,6 +49,7 @@ from watchd.daemon.sweeping import SweepSlot
 from watchd.daemon.view import HISTORY_EVERY, ChatHistory
 from watchd.detection.detector import Detector
 from watchd.kits import logs
+from watchd.kits.clock import LoopClock
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
 from watchd.store.rows import ChatRows
@@ -98,6 +99,10 @@ class Daemon:
         self.started = time.monotonic()
         self.last_beat = time.monotonic()
         self.supervisor = Supervisor()
+        # The one clock of this process's own time: the host's at start, then advanced by
+        # the monotonic clock. Deadlines, server-clock estimates and repeat intervals all
+        # read it, so a step of the host clock (NTP, a VM restore) moves none of them.
+        self.clock = LoopClock()
         self.store = ChatStore()
         self.telemetry = build_pipeline(config.telemetry)
         if events is not None:
@@ -117,6 +122,7 @@ class Daemon:
             listing_threshold=config.detection.confirm_listing_threshold,
             chat_failed=config.detection.chat_failed,
             link_template=config.chat_link_template,
+            wall=self.clock,
         )
         self.state_watch = StateWatch(
             db=self.db, detector=self.detector, state_dir=str(effective_state_dir(config.state_dir))
@@ -144,6 +150,7 @@ class Daemon:
             detector=self.detector,
             metrics=self.metrics,
             events=self.events,
+            clock=self.clock,
         )
         # The same dicts the identities keep: the view (status, metrics) reads them.
         self.health: dict[str, IdentityHealth] = self.identities.health
@@ -200,6 +207,7 @@ class Daemon:
                     silencer=self.silencer,
                     inhibitor=self.inhibitor,
                     external_url=self.config.server.external_url,
+                    wall=self.clock,
                 )
                 self.dispatcher.on_delivered = self._delivered
                 self.identities.dispatcher = self.dispatcher

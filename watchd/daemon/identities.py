@@ -28,7 +28,7 @@ from watchd.daemon.metrics import Metrics
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.kits import logs
-from watchd.kits.clock import ServerClock
+from watchd.kits.clock import ServerClock, WallClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
@@ -110,8 +110,10 @@ class Identities:
         detector: Detector,
         metrics: Metrics,
         events: EventSink,
+        clock: WallClock,
     ) -> None:
         self.supervisor = supervisor
+        self.clock = clock
         self.store = store
         self.db = db
         self.detector = detector
@@ -135,7 +137,7 @@ class Identities:
         """Start watching ``ident``: its watch, reconcile and (if enabled) quota tasks."""
         assert self.session is not None, "identities start after the HTTP session opens"
         name = ident.name
-        clock = ServerClock()
+        clock = ServerClock(self.clock)
         self.metrics.identity_added(name)
         health = IdentityHealth(
             name=name,
