@@ -4,6 +4,7 @@ aside, a full disk that keeps watching and alerting and says so until writes suc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import time
@@ -218,4 +219,44 @@ async def test_a_foreign_lock_on_the_database_never_blocks_the_loop(tmp_path: Pa
         with pytest.raises(asyncio.CancelledError):
             await tick
         outside.close()
+        db.close()
+
+
+async def test_an_observed_transition_is_on_disk_within_milliseconds(tmp_path: Path) -> None:
+    """A transition the store observed is committed at once (the flusher is hurried), not
+    within the second: a kill -9 right after it cannot forget the episode it began; a
+    refresh still waits for the once-a-second flush."""
+    from watchd.coder.observing import ChatId, Observation
+
+    db = StateFile.open(tmp_path / "watchd.sqlite3")
+    store = ChatStore()
+    det = Detector(store=store, sink=Sink(), db=db)
+    watch = StateWatch(db=db, detector=det, state_dir=str(tmp_path))
+    task = asyncio.create_task(watch.run())
+
+    def on_disk() -> list[tuple[str, str]]:
+        with sqlite3.connect(tmp_path / "watchd.sqlite3") as other:
+            return other.execute("SELECT chat_id, status FROM chats").fetchall()
+
+    async def within(seconds: float, want: list[tuple[str, str]]) -> bool:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if on_disk() == want:
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    try:
+        await asyncio.sleep(1.2)  # past the first regular flush: nothing pending
+        first = Observation(id=ChatId("c1"), status="running", updated_at=100.0)
+        det.apply("a", [store.observe("a", first, now=100.0, via="watch", kind="created")])  # type: ignore[list-item]
+        await asyncio.sleep(1.1)
+        assert on_disk() == [("c1", "running")]
+        moved = Observation(id=ChatId("c1"), status="waiting", updated_at=101.0)
+        det.apply("a", [store.observe("a", moved, now=101.0, via="listing")])  # type: ignore[list-item]
+        assert await within(0.3, [("c1", "waiting")])
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
         db.close()

@@ -1,7 +1,8 @@
 """The state flusher, and what it says when state cannot be kept.
 
-Once a second the pending state (chat clocks, alerts, group state) is committed off the
-loop (the dispatch groups' rows up to HOLD_MAX later while a notification of a thousand
+Once a second, or at once (after HURRY_GATHER) when an owner hurries it — a chat's
+observed transition or tombstone — the pending state (chat clocks, alerts, group state)
+is committed off the loop (the dispatch groups' rows up to HOLD_MAX later while a notification of a thousand
 alerts or more is being sent, so their serialising and the POST do not share the
 interpreter). When a
 write fails — disk full, read-only filesystem, I/O error — the daemon keeps watching and
@@ -16,6 +17,7 @@ nobody is surprised by notifications sent again for incidents already known.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import sqlite3
 import time
@@ -29,6 +31,9 @@ from watchd.store.sqlite import StateFile
 log = logs.get("watchd.state")
 
 FLUSH_EVERY = 1.0
+# A hurried flush (an observed transition) waits this long for others to join it, and
+# comes no sooner than this after the last flush: a burst of transitions is one commit.
+HURRY_GATHER = 0.02
 RESET_SHOWN = 3600.0  # StateReset stays firing this long after the start that reset state
 
 
@@ -79,8 +84,17 @@ class StateWatch:
 
     async def run(self) -> None:
         delay = FLUSH_EVERY
+        hurried = self.db.hurried
         while True:
-            await asyncio.sleep(delay)
+            if delay == FLUSH_EVERY:
+                # Within the second, or as soon as an owner hurries (a transition).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await hurried.wait()
+                await asyncio.sleep(HURRY_GATHER)
+            else:
+                await asyncio.sleep(delay)  # failing: the backoff's pace, hurried or not
+            hurried.clear()
             try:
                 if self.db.failing_since is not None and not self.db.pending:
                     await self.db.probe()  # a direct write failed: is writing back?

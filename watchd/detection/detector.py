@@ -186,9 +186,12 @@ class Detector:
         invalid = self.ledger.invalid
         unknown = self._unknown_statuses
         latest: dict[str, ChatRecord] = {}
+        moved = False
         for change in changes:
             rec = change.record
             kind = change.kind
+            if kind == "transition":
+                moved = True
             if kind == "tombstone":
                 pending = latest.pop(rec.chat_id, None)
                 if pending is not None and w is not None:
@@ -244,6 +247,8 @@ class Detector:
             mark = db.mark
             for rec in latest.values():
                 mark(rec)
+            if moved:
+                db.file.hurry()  # a new clock is written within milliseconds
         if w is not None:
             self._arm_all(w, latest.values())
             nxt = self.timers.next_deadline()

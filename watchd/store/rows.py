@@ -57,6 +57,7 @@ class ChatRows(Part):
 
     def mark_deleted(self, identity: str, chat_id: str) -> None:
         self._dirty[(identity, chat_id)] = None
+        self.file.hurry()
 
     def forget(self, identity: str) -> None:
         """Every chat of an identity that is no longer configured (written by the flush,

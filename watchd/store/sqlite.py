@@ -108,6 +108,9 @@ class StateFile:
         # Set by open() when a corrupt database was moved aside: (where it went, why).
         self.reset_from: tuple[Path, str] | None = None
         self.failing_since: float | None = None  # wall time of the first failed write
+        # Set by an owner whose rows should not wait for the once-a-second flush (a chat's
+        # observed transition): the state watch flushes at once (see daemon.statewatch).
+        self.hurried = asyncio.Event()
         self.write_failures = 0
         self.last_write_error = ""
 
@@ -166,6 +169,10 @@ class StateFile:
     @property
     def persisting(self) -> bool:
         return self.failing_since is None
+
+    def hurry(self) -> None:
+        """Ask for a flush now rather than within the second (cheap; coalesced)."""
+        self.hurried.set()
 
     @property
     def pending(self) -> int:
