@@ -465,7 +465,7 @@ async def test_a_refused_watch_stream_falls_back_to_polling_and_back(
         )
         sim.state.faults.subscribe_fail = False
         await eventually(
-            lambda: r.health.state == "ready", within=WatchSettings().poll_session + 30
+            lambda: r.health.state == "ready", within=WatchSettings().poll_interval + 5
         )
         await eventually(
             lambda: any(a.name == "IdentityDegraded" and a.status == "resolved" for a in r.alerts)

@@ -77,10 +77,9 @@ class WatchSettings:
     quota_ttl: float = 60.0
     # A watch stream refused this many times in a row while REST answers (a proxy that
     # will not upgrade): the identity is watched by listing every poll_interval instead,
-    # trying the stream again every poll_session.
+    # trying the stream again after each listing.
     poll_after: int = 3
     poll_interval: float = 15.0
-    poll_session: float = 120.0
 
 
 class IdentityWatcher:
@@ -319,12 +318,12 @@ class IdentityWatcher:
 
     async def _poll(self, refusal: CoderError) -> None:
         """Watch by listing: the stream keeps being refused while REST may answer. Lists
-        every poll_interval for poll_session (verdicts go on: the identity is ready, in
-        state ``polling``), then returns to try the stream again. A listing that fails
-        ends it as any session's failure does."""
+        every poll_interval (verdicts go on: the identity is ready, in state
+        ``polling``) and tries the stream after each listing, returning as soon as it
+        opens (the next session streams). A listing that fails ends it as any session's
+        failure does (so a full outage is never taken for a refused stream)."""
         s = self.settings
         why = f"watch stream refused ({refusal}): polling by listing every {s.poll_interval:g}s"
-        until = loop_time() + s.poll_session
         first = True
         while True:
             await self.reconciler.relist()
@@ -333,9 +332,22 @@ class IdentityWatcher:
                 self.health.set_state("polling", error=why)
                 self.changes.readiness_changed(self.name)
                 log.warning("watch.polling", identity=self.name, every=s.poll_interval, why=why)
-            if loop_time() + s.poll_interval > until:
+            if await self._stream_opens():
+                self._stream_refusals = 0
                 return
             await asyncio.sleep(s.poll_interval)
+
+    async def _stream_opens(self) -> bool:
+        """Whether the watch upgrade goes through now (the connection is closed again)."""
+        self.attempt += 1
+        try:
+            conn = await open_watch(
+                self.client.transport, self.health.prefix, reader=1, attempt=self.attempt
+            )
+        except CoderError:
+            return False
+        await conn.close(code=1000, reason="the stream is back: watching it again")
+        return True
 
     def _on_events(self, events: list[WatchEvent]) -> None:
         """A burst of events from the socket: applied together, or held while a listing
