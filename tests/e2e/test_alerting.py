@@ -256,13 +256,14 @@ def alertmanager(tmp_path: Path) -> Iterator[Callable[[str], str]]:
     """Start a real Alertmanager on loopback, routing to the given webhook URL."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(webhook_url: str) -> str:
+    def start(webhook_url: str, *, resolve_timeout: str = "5m") -> str:
         assert os.path.exists(AM_BINARY), "run tests/setup/system-deps (make test does)"
         port = free_port()
         cfg = tmp_path / "alertmanager.yml"
         cfg.write_text(
             yaml.safe_dump(
                 {
+                    "global": {"resolve_timeout": resolve_timeout},
                     "route": {
                         "receiver": "hook",
                         "group_by": ["identity", "alertname"],
@@ -300,6 +301,59 @@ def alertmanager(tmp_path: Path) -> Iterator[Callable[[str], str]]:
     for p in procs:
         p.terminate()
         p.wait(10)
+
+
+async def _am_ready(am_url: str) -> bool:
+    try:
+        async with aiohttp.ClientSession() as s, s.get(am_url + "/-/ready") as r:
+            return r.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+async def test_real_alertmanager_resolves_only_what_ended(
+    start_sim: StartSim,
+    start_daemon: StartDaemon,
+    hook: FakeWebhook,
+    alertmanager: Callable[..., str],
+) -> None:
+    """Through a real Alertmanager with a 3 s resolve_timeout: a ChatStuck that watchd
+    inhibits itself keeps firing there past it, and so does every alert while watchd is
+    stopped past it and after its restart; only the chat's real resolve ends it."""
+    am_url = alertmanager(hook.hook_url, resolve_timeout="3s")
+    await eventually(lambda: _am_ready(am_url), within=20)
+    sim = start_sim()
+    extra = {
+        "receivers": [{"name": "am", "alertmanager": {"url": am_url}}],
+        "route": {"receiver": "am", **FAST_ROUTE},
+        "inhibit_rules": [
+            {
+                "source_matchers": ['chat_label_role="source"'],
+                "target_matchers": ['chat_label_role="target"'],
+                "equal": ["identity"],
+            }
+        ],
+    }
+    d = start_daemon(sim, extra=extra)
+    await d.wait_ready()
+    target = await sim.add_chat("alice", status="running", labels={"role": "target"})
+    await eventually(lambda: target in posted_chats(hook, "firing"), within=20)
+    source = await sim.add_chat("alice", status="running", labels={"role": "source"})
+    await eventually(lambda: source in posted_chats(hook, "firing"), within=20)
+    doc = await d.status()
+    states = {a["labels"].get("chat_id"): a["state"] for a in doc["alerts"]["firing"]}
+    assert states[target] == "inhibited" and states[source] == "active"
+    await asyncio.sleep(8)  # past resolve_timeout, the target inhibited in watchd
+    assert posted_chats(hook, "resolved") == []
+    d.stop()
+    await asyncio.sleep(8)  # watchd down past resolve_timeout
+    assert posted_chats(hook, "resolved") == []
+    d2 = start_daemon(sim, extra=extra, state_dir=d.tmp / "state")
+    await d2.wait_ready()
+    await asyncio.sleep(4)
+    assert posted_chats(hook, "resolved") == []
+    await sim.set_status(target, "waiting")
+    await eventually(lambda: posted_chats(hook, "resolved") == [target], within=20)
 
 
 async def test_real_alertmanager_receives_and_resolves(

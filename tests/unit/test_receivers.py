@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -233,13 +234,21 @@ async def test_webhook_failures_classified(
 
 
 async def test_alertmanager_body(hook: FakeWebhook, session: aiohttp.ClientSession) -> None:
-    """Alertmanager pushes omit endsAt while firing and set it on resolve."""
+    """Alertmanager pushes carry endsAt ENDS_AT_HORIZON ahead while firing (so only a
+    real resolve ends the alert there, never resolve_timeout) and the resolve time after."""
+    from datetime import datetime
+
+    from watchd.alerting.receivers.simple import ENDS_AT_HORIZON
+
     am = await FakeWebhook(path="/api/v2/alerts").start()
     try:
         n = AlertmanagerNotifier("am", urls=[am.url], session=session, timeout=5)
+        before = time.time()
         await n.notify(note(chat_alert(1), chat_alert(2, resolved=True)))
         firing, resolved = am.received[0]
-        assert "endsAt" not in firing and resolved["endsAt"].endswith("Z")
+        ends = datetime.fromisoformat(firing["endsAt"].replace("Z", "+00:00")).timestamp()
+        assert before + ENDS_AT_HORIZON - 1 <= ends <= time.time() + ENDS_AT_HORIZON + 1
+        assert resolved["endsAt"].endswith("Z") and resolved["endsAt"] != firing["endsAt"]
         assert firing["labels"]["chat_id"] == "chat-1"
         assert n.resend_every is not None and n.resend_every < 300
     finally:

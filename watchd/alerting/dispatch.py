@@ -167,14 +167,20 @@ class Dispatcher:
         stats = self.stats[receiver]
         now = self.wall.now()
         snapshot = dict(group.alerts)
-        alerts = stages.mute(
-            snapshot.values(),
-            active=(a for a in self.alerts.values() if a.firing),
-            silencer=self.silencer,
-            inhibitor=self.inhibitor,
-            now=now,
-            counts=self.muted,
-        )
+        if notifier.resend_every is not None:
+            # A receiver that keeps its own copy of the alerts (an Alertmanager, which
+            # applies its own silences and inhibition) hears every alert, muted ones too:
+            # one it stops hearing of it resolves by itself, a false resolve.
+            alerts = list(snapshot.values())
+        else:
+            alerts = stages.mute(
+                snapshot.values(),
+                active=(a for a in self.alerts.values() if a.firing),
+                silencer=self.silencer,
+                inhibitor=self.inhibitor,
+                now=now,
+                counts=self.muted,
+            )
         firing = {a.fingerprint for a in alerts if a.firing}
         resolved = {a.fingerprint for a in alerts if not a.firing}
         repeat = group.route.repeat_interval

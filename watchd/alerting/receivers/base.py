@@ -115,7 +115,9 @@ class Notifier(Protocol):
     name: str
     rate: Rate
     send_resolved: bool
-    # Firing alerts must be re-sent this often at the least (Alertmanager's resolve_timeout).
+    # Firing alerts must be re-sent this often at the least. Set only by a receiver that
+    # keeps its own copy of the alert state (an Alertmanager): such a receiver also gets
+    # every alert watchd itself silences or inhibits, as Alertmanager's clients must post.
     resend_every: float | None
 
     async def notify(self, n: Notification) -> None: ...

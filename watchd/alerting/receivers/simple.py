@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import hmac
 import sys
+import time
 from typing import Any, TextIO
 
 import aiohttp
@@ -128,12 +129,21 @@ class WebhookNotifier:
         classify_http(answer, who=who)
 
 
+# How far ahead a firing alert's endsAt is posted to an Alertmanager: an outage of watchd
+# this long (less a minute) leaves its alerts firing there; a watchd gone for good lets
+# them lapse after it (the Watchdog heartbeat says watchd is gone long before).
+ENDS_AT_HORIZON = 900.0
+
+
 class AlertmanagerNotifier:
     """Pushes alerts into an existing Alertmanager (``POST /api/v2/alerts``).
 
-    Alertmanager resolves a pushed alert by itself after ``resolve_timeout``
-    (5 min by default) unless it is pushed again, so firing alerts are re-sent
-    every minute; resolves carry ``endsAt``.
+    As Alertmanager's clients must: every firing alert is posted (those watchd silences
+    or inhibits too: Alertmanager applies its own), re-posted every minute, with an
+    ``endsAt`` ENDS_AT_HORIZON ahead, so that only a real resolve (which carries the
+    resolve time as ``endsAt``) ends it there. A watchd outage shorter than the horizon
+    (less the minute since the last post) resolves nothing; ``resolve_timeout`` never
+    applies to watchd's alerts.
 
     With several ``urls`` (the peers of one Alertmanager cluster) every alert goes to
     every peer, as Prometheus sends them: peers do not share alerts, only silences and
@@ -164,6 +174,8 @@ class AlertmanagerNotifier:
 
     async def notify(self, n: Notification) -> None:
         body = []
+        # Alertmanager compares endsAt with its own clock: the host's, not watchd's.
+        horizon = time.time() + ENDS_AT_HORIZON
         for a in n.alerts:
             item: dict[str, Any] = {
                 "labels": dict(a.labels),
@@ -171,8 +183,7 @@ class AlertmanagerNotifier:
                 "startsAt": rfc3339(a.starts_at),
                 "generatorURL": n.external_url or "http://watchd/",
             }
-            if a.ends_at is not None:
-                item["endsAt"] = rfc3339(a.ends_at)
+            item["endsAt"] = rfc3339(a.ends_at if a.ends_at is not None else horizon)
             body.append(item)
         who = f"alertmanager receiver {self.name!r}"
         data = dumps(body)
