@@ -25,7 +25,7 @@ from watchd.coder.transport import USER_AGENT, Transport
 from watchd.config import secrets
 from watchd.config.model import Config
 from watchd.config.secrets import ResolvedSecrets
-from watchd.config.watching import IdentityConfig, QuotaConfig
+from watchd.config.watching import IdentityConfig
 from watchd.daemon.metrics import Metrics
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
@@ -38,7 +38,9 @@ from watchd.store.health import IdentityHealth
 from watchd.store.persistence import StateDB
 from watchd.store.records import ChatRecord
 from watchd.telemetry.events import EventSink, own_source
+from watchd.watching.forecasting import QuotaForecast
 from watchd.watching.quota import QuotaWatcher
+from watchd.watching.readings import ReadingBook
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
 log = logs.get("watchd.daemon")
@@ -141,6 +143,7 @@ class Identities:
         self.supervisor = supervisor
         self.store = store
         self.db = db
+        self.readings = ReadingBook(db)
         self.detector = detector
         self.metrics = metrics
         self.events = events
@@ -207,22 +210,34 @@ class Identities:
         sup.spawn(f"watch:{name}", watcher.watch_forever, group="watchers", restart=True)
         sup.spawn(f"reconcile:{name}", watcher.reconcile_forever, group="watchers", restart=True)
         if config.quota.enabled:
-            self._start_quota(name, health, client, config.quota, ident)
+            self._start_quota(name, health, client, config, ident)
 
     def _start_quota(
         self,
         name: str,
         health: IdentityHealth,
         client: CoderClient,
-        quota: QuotaConfig,
+        config: Config,
         ident: IdentityConfig,
     ) -> None:
+        forecast = (
+            QuotaForecast(
+                health=health,
+                alerts=self.detector.ledger,
+                config=config.forecast,
+                labels=ident.labels,
+                book=self.readings,
+            )
+            if config.forecast.enabled
+            else None
+        )
         poller = QuotaWatcher(
             health=health,
             client=client,
             alerts=self.detector.ledger,
-            config=quota,
+            config=config.quota,
             labels=dict(ident.labels),
+            forecast=forecast,
         )
         self.supervisor.spawn(f"quota:{name}", poller.run, group="watchers", restart=True)
 
@@ -245,6 +260,7 @@ class Identities:
         if forget:
             self.store.drop_identity(name)
             self.db.forget_identity(name)
+            self.readings.forget(name)
 
     async def apply(
         self,

@@ -396,6 +396,17 @@ class StateDB:
     def silences_load(self) -> list[dict[str, Any]]:
         return [orjson.loads(b) for (b,) in self._query("SELECT body FROM silences")]
 
+    # -- tables their owners keep (schema and SQL beside the owner) ----------------
+
+    def owned_write(self, sql: str, rows: Iterable[tuple[Any, ...]] = ((),)) -> None:
+        """Run ``sql`` once per row in one transaction; a failure is counted, not raised."""
+        with self._tx():
+            for params in rows:
+                self._db.execute(sql, params)
+
+    def owned_read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        return self._query(sql, params)
+
     # -- plumbing -----------------------------------------------------------------
 
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
