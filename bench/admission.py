@@ -60,14 +60,13 @@ def _p(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(len(s) * q))]
 
 
-async def _admission(identities: int, chats: int, clients: int, seconds: float) -> list[Row]:
+def _daemon(identities: int, chats: int) -> tuple[Any, list[str]]:
+    """A daemon (not run) holding the identities, their chats and 20 000 alerts."""
     from watchd.alerting.model import Alert
     from watchd.coder.models import Quota
     from watchd.config.loading import parse_config
     from watchd.config.secrets import resolve_secrets
     from watchd.daemon.app import Daemon
-    from watchd.daemon.server import Server
-    from watchd.daemon.silences_api import SilencesApi
     from watchd.kits.clock import ServerClock
     from watchd.store.health import IdentityHealth
     from watchd.store.records import ChatRecord
@@ -114,6 +113,14 @@ async def _admission(identities: int, chats: int, clients: int, seconds: float) 
         d.detector.firing[f"fp{i}"] = Alert(
             f"fp{i}", {"alertname": "ChatStuck", "identity": names[i % identities]}, {}, now
         )
+    return d, names
+
+
+async def _admission(identities: int, chats: int, clients: int, seconds: float) -> list[Row]:
+    from watchd.daemon.server import Server
+    from watchd.daemon.silences_api import SilencesApi
+
+    d, names = _daemon(identities, chats)
     server = Server(
         d,
         listen="127.0.0.1:0",

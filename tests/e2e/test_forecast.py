@@ -1,7 +1,7 @@
 """QuotaExhaustionForecast and GET /v1/admission with the real daemon and simulator.
 
 alice's quota rises steadily (the simulator's ``rise_per_minute``), bob's stays flat.
-Seconds stand in for minutes: quota read every second, a 12 s window, a 60 s horizon.
+Seconds stand in for minutes: quota read every second, a 20 s window, a 60 s horizon.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def config(tmp_path: Path) -> dict[str, Any]:
     token_file.chmod(0o600)
     return {
         "quota": {"interval": "1s", "low": "5%"},
-        "forecast": {"window": "12s", "horizon": "60s"},
+        "forecast": {"window": "20s", "horizon": "60s"},
         "server": {"ingest_token_file": str(token_file)},
     }
 
@@ -76,10 +76,14 @@ async def test_forecast_fires_for_a_rise_and_admission_holds_it_back(
     assert int(a["headroom"]) > 0 and "fan-out" in a["hint"]
     eta = datetime.fromisoformat(a["eta"]).timestamp()
     error = abs(eta - exhausted) / (exhausted - fired_at)
-    print(f"\nforecast eta error: {error:.1%} (eta {eta - fired_at:.1f}s after firing)")
+    print(
+        f"\nforecast eta error: {error:.1%} (eta {eta - exhausted:+.1f}s off, "
+        f"{eta - fired_at:.1f}s after firing, {a['rate_per_hour']} credits/h)"
+    )
     assert error <= 0.10
     assert abs(float(a["rate_per_hour"]) - PER_MINUTE * 60) <= 0.1 * PER_MINUTE * 60
-    assert exhausted - fired_at <= HORIZON + 2
+    # It fired once the true exhaustion was within the horizon (give or take its accuracy).
+    assert exhausted - fired_at <= HORIZON * 1.1
 
     status, held = await admission(d, "team-a")
     assert status == 200 and held["admit"] is False
@@ -97,7 +101,8 @@ async def test_forecast_fires_for_a_rise_and_admission_holds_it_back(
     assert by_name["team-a"]["quota"]["forecast"]["firing"] is True
     assert by_name["team-b"]["admission"]["admit"] is True
     _, metrics = await d.get("/metrics")
-    assert re.search(r'watchd_quota_consumption_rate\{identity="team-a"\} 7\d{3}', str(metrics))
+    rate = re.search(r'watchd_quota_consumption_rate\{identity="team-a"\} (\S+)', str(metrics))
+    assert rate is not None and abs(float(rate[1]) - PER_MINUTE * 60) <= 0.1 * PER_MINUTE * 60
     assert 'watchd_quota_exhaustion_eta_seconds{identity="team-b"} +Inf' in str(metrics)
     fired_for = {e.get("identity") for e in d.log_events() if e.get("event") == "alert.firing"}
     assert "team-b" not in fired_for and TOKEN not in d.logs()

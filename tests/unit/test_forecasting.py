@@ -67,8 +67,8 @@ class World:
             book=ReadingBook(self.db),
         )
 
-    def read(self, consumed: int, budget: int = 100) -> None:
-        self.forecast.observe(Quota(credits_consumed=consumed, budget=budget))
+    async def read(self, consumed: int, budget: int = 100) -> None:
+        await self.forecast.observe(Quota(credits_consumed=consumed, budget=budget))
         self.wall.t += EVERY
 
     def close(self) -> None:
@@ -78,11 +78,11 @@ class World:
         return [a for a in self.ledger.firing.values() if a.name == "QuotaExhaustionForecast"]
 
 
-def test_fires_through_the_ledger_with_the_contract_annotations(tmp_path: Path) -> None:
+async def test_fires_through_the_ledger_with_the_contract_annotations(tmp_path: Path) -> None:
     """A rise fires one persisted alert with the spec's labels and annotations."""
     w = World(tmp_path / "s.sqlite3", SteppedWall())
     for c in (40, 45, 50):
-        w.read(c)
+        await w.read(c)
     (alert,) = w.firing()
     assert {k: alert.labels[k] for k in ("alertname", "identity", "deployment", "severity")} == {
         "alertname": "QuotaExhaustionForecast",
@@ -97,33 +97,33 @@ def test_fires_through_the_ledger_with_the_contract_annotations(tmp_path: Path) 
     assert w.health.forecast is not None and w.health.forecast.firing
 
 
-def test_a_restart_keeps_the_series(tmp_path: Path) -> None:
+async def test_a_restart_keeps_the_series(tmp_path: Path) -> None:
     """Readings persist: after a restart one more reading completes the trend (without them
     it would need three readings over ten minutes), and a restored firing alert resolves."""
     wall = SteppedWall()
     w = World(tmp_path / "s.sqlite3", wall)
     for c in (40, 42):
-        w.read(c)
+        await w.read(c)
     w.close()
     again = World(tmp_path / "s.sqlite3", wall)
-    again.read(44)
+    await again.read(44)
     assert again.health.forecast is not None and again.health.forecast.readings == 3
     for c in (50, 60):
-        again.read(c)
+        await again.read(c)
     assert again.firing()
     again.close()
     third = World(tmp_path / "s.sqlite3", wall)
     assert third.firing(), "the ledger restored the firing alert"
-    third.read(70, budget=1000)
+    await third.read(70, budget=1000)
     assert not third.firing()
     assert "budget changed" in third.sink.got[-1].annotations["resolved_reason"]
 
 
-def test_no_budget_stops_the_forecast(tmp_path: Path) -> None:
+async def test_no_budget_stops_the_forecast(tmp_path: Path) -> None:
     """A quota without a budget (-1) clears the outlook and resolves a firing forecast."""
     w = World(tmp_path / "s.sqlite3", SteppedWall())
     for c in (40, 45, 50, 55):
-        w.read(c)
+        await w.read(c)
     assert w.firing()
     w.forecast.stop("no quota")
     assert not w.firing() and w.health.forecast is None

@@ -26,7 +26,7 @@ from watchd.commands.configuring import load_config_or_report
 from watchd.config.fields import format_duration
 from watchd.config.model import Config
 from watchd.config.secrets import ResolvedSecrets, resolve_secrets
-from watchd.config.watching import QuotaConfig
+from watchd.config.watching import IdentityConfig, QuotaConfig
 from watchd.detection.budgets import past_budget
 from watchd.detection.diagnosis import Facts, hint
 from watchd.kits.clock import ServerClock
@@ -157,8 +157,17 @@ async def scan_identity(
                 entry["hint"] = f"(diagnosis unavailable: {exc})"
         result.stuck.append(entry)
     result.stuck.sort(key=lambda e: -int(e["time_in_status_seconds"]))
+    result.sweep = sweep_preview(config, ident, store, now=now)
+    return result
+
+
+def sweep_preview(
+    config: Config, ident: IdentityConfig, store: ChatStore, *, now: float
+) -> list[dict[str, Any]]:
+    """What the sweep would do to the identity's chats (nothing is done)."""
     policies = compile_policies(config.sweep)
-    for rec in store.records(name):
+    out: list[dict[str, Any]] = []
+    for rec in store.records(ident.name):
         policy = match_policy(policies, rec, now=now, labels=ident.labels)
         if policy is not None:
             action = (
@@ -166,7 +175,7 @@ async def scan_identity(
                 if rec.status in ACTIVE_STATUSES or policy.action == "archive"
                 else "archive"
             )
-            result.sweep.append(
+            out.append(
                 {
                     "chat_id": rec.chat_id,
                     "title": rec.title,
@@ -175,7 +184,7 @@ async def scan_identity(
                     "would": action,
                 }
             )
-    return result
+    return out
 
 
 async def scan(config: Config, secrets: ResolvedSecrets) -> list[ScanResult]:

@@ -17,7 +17,6 @@ Each reason is ``"code: words"``; the codes are ``identity_unhealthy``,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from watchd.alerting.model import Alert, fingerprint
@@ -25,6 +24,7 @@ from watchd.config.fields import format_duration
 from watchd.daemon.view import DaemonView
 from watchd.kits.clock import loop_time
 from watchd.store.chats import ChatStore
+from watchd.watching.forecasting import rfc3339
 
 COUNTS_FOR = 1.0  # seconds a chat count is reused
 # FleetIncidents whose cause means "no room for another chat" (fleet.md §2, §3).
@@ -109,7 +109,5 @@ def admission(d: DaemonView, name: str, counts: Counts) -> dict[str, Any] | None
         "headroom": headroom,
         "running": running,
         "queued_for_capacity": queued,
-        "forecast_eta": None
-        if eta is None
-        else datetime.fromtimestamp(eta, UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "forecast_eta": None if eta is None else rfc3339(eta),
     }

@@ -119,7 +119,7 @@ class Server:
             "text/html" in accept and request.query.get("format") != "json"
         )
         query = StatusQuery.from_query(request.query, html_page=wants_html)
-        doc = await status_document(self.daemon, query)
+        doc = await status_document(self.daemon, query, self.counts)
         # Last line of defence: nothing a server echoed (a token) leaves through /status.
         if wants_html:
             return web.Response(text=REGISTRY.scrub(status_html(doc)), content_type="text/html")

@@ -197,7 +197,11 @@ async def classify(d: DaemonView, now: float, q: StatusQuery | None = None) -> C
     return out
 
 
-async def status_document(d: DaemonView, query: StatusQuery | None = None) -> dict[str, Any]:
+async def status_document(
+    d: DaemonView, query: StatusQuery | None = None, counts: Counts | None = None
+) -> dict[str, Any]:
+    """The document; ``counts`` (the server's) lets chat counts for admission answers be
+    reused within their second."""
     q = query or StatusQuery()
     now = time.time()
     c = await classify(d, now, q)
@@ -213,7 +217,7 @@ async def status_document(d: DaemonView, query: StatusQuery | None = None) -> di
         )
     resolved = [a for a in reversed(d.detector.history) if not a.firing][:RESOLVED_SHOWN]
     det = d.detector
-    counts = Counts()
+    counts = counts or Counts()
     identities = [_identity(d, name, counts) for name in d.health]
     kinds = {n: x.kind for n, x in d.dispatcher.notifiers.items()} if d.dispatcher else {}
     return {

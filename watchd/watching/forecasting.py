@@ -38,7 +38,9 @@ class AlertLedger(Protocol):
 
 
 def rfc3339(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    """UTC, to the nearest second (not truncated: an eta is never a second early)."""
+    whole = datetime.fromtimestamp(round(epoch), UTC)
+    return whole.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def fan_out_hint(*, headroom: int, rate_per_hour: float, horizon: float) -> str:
@@ -78,20 +80,20 @@ class QuotaForecast:
             window=config.window, horizon=config.horizon, readings=restored
         )
 
-    def observe(self, quota: Quota) -> None:
+    async def observe(self, quota: Quota) -> None:
         """One quota reading (budget ≥ 0) taken now."""
         h = self.health
         reading = Reading(
             at=h.server_clock.now(), consumed=quota.credits_consumed, budget=quota.budget
         )
         verdict = self.forecaster.add(reading, firing=self.fp in self.alerts.firing)
-        if self.book is not None:
-            self.book.add(h.name, reading, keep_after=reading.at - self.config.window)
         h.forecast = verdict.outlook
         if verdict.change == "fire":
             self.alerts.raise_alert(self.alert(verdict.outlook, quota), identity=h.name)
         elif verdict.change == "resolve":
             self.alerts.clear_alert(self.fp, why=verdict.why)
+        if self.book is not None:
+            await self.book.add(h.name, reading, keep_after=reading.at - self.config.window)
 
     def stop(self, why: str) -> None:
         """The quota has no budget (or cannot be read from this deployment): no forecast."""

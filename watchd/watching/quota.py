@@ -85,7 +85,7 @@ class QuotaWatcher:
             return
         h.quota_state = "ok"
         if self.forecast is not None:
-            self.forecast.observe(quota)
+            await self.forecast.observe(quota)
         threshold = self.config.threshold(quota.budget)
         headroom = quota.headroom
         assert headroom is not None

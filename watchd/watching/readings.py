@@ -10,6 +10,8 @@ memory.
 
 from __future__ import annotations
 
+import asyncio
+
 from watchd.store.persistence import StateDB
 from watchd.watching.forecast import Reading
 
@@ -39,8 +41,14 @@ class ReadingBook:
         )
         return [Reading(at=float(at), consumed=int(c), budget=int(b)) for at, c, b in rows]
 
-    def add(self, identity: str, reading: Reading, *, keep_after: float) -> None:
-        """Write ``reading`` and drop the identity's readings older than ``keep_after``."""
+    async def add(self, identity: str, reading: Reading, *, keep_after: float) -> None:
+        """Write ``reading`` and drop the identity's readings older than ``keep_after``.
+
+        In a worker thread: the state writer holds the connection's lock through a burst's
+        commit (half a second and more), and the event loop must not wait for it."""
+        await asyncio.to_thread(self._add, identity, reading, keep_after)
+
+    def _add(self, identity: str, reading: Reading, keep_after: float) -> None:
         self.db.owned_write(
             "INSERT OR REPLACE INTO quota_readings VALUES (?,?,?,?)",
             [(identity, reading.at, reading.consumed, reading.budget)],
