@@ -14,6 +14,8 @@ from watchd.coder.models import Quota
 from watchd.config.loading import parse_config
 from watchd.config.secrets import resolve_secrets
 from watchd.daemon.app import Daemon
+from watchd.daemon.status import status_document
+from watchd.daemon.status_page import status_html
 from watchd.kits.clock import ServerClock
 from watchd.store.health import IdentityHealth, QuotaOutlook
 
@@ -107,3 +109,23 @@ async def test_each_reason_refuses_admission(daemon: Daemon) -> None:
     assert codes == ["identity_unhealthy", "quota_headroom", "fleet_incident", "quota_forecast"]
     _, other = await ask(daemon, "?identity=team-b")
     assert [r.split(":")[0] for r in other["reasons"]] == ["fleet_incident"]
+
+
+async def test_status_shows_the_forecast_and_the_answer(daemon: Daemon) -> None:
+    """/status JSON carries each identity's forecast and admission answer; the HTML page
+    shows the rate, the eta and why admission holds."""
+    h = daemon.health["team-a"]
+    h.forecast = QuotaOutlook(
+        at=0.0, readings=5, span_seconds=1200, headroom=60, firing=True,
+        rate_per_hour=90.0, eta=1_800_002_400.0, eta_seconds=2400.0,
+    )  # fmt: skip
+    fire(daemon, "team-a", "QuotaExhaustionForecast", DEPLOYMENT, "team-a")
+    doc = await status_document(daemon)
+    by_name = {i["name"]: i for i in doc["identities"]}
+    fc = by_name["team-a"]["quota"]["forecast"]
+    assert (fc["rate_per_hour"], fc["eta_seconds"], fc["firing"]) == (90.0, 2400, True)
+    assert by_name["team-a"]["admission"]["admit"] is False
+    assert by_name["team-b"]["quota"]["forecast"] is None
+    page = status_html(doc)
+    assert "<b>FORECAST</b> 60 of 100 left; +90.0/h; runs out in 40m" in page
+    assert "<b>hold</b>: quota_forecast: the quota runs out in about 40m" in page
