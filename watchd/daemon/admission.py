@@ -24,7 +24,7 @@ from watchd.config.fields import format_duration
 from watchd.daemon.view import DaemonView
 from watchd.kits.clock import loop_time
 from watchd.store.chats import ChatStore
-from watchd.watching.forecasting import rfc3339
+from watchd.watching.forecasting import forecast_fingerprint, rfc3339
 
 COUNTS_FOR = 1.0  # seconds a chat count is reused
 # FleetIncidents whose cause means "no room for another chat" (fleet.md §2, §3).
@@ -92,7 +92,7 @@ def admission(d: DaemonView, name: str, counts: Counts) -> dict[str, Any] | None
         for cause in fleet_incidents(firing, h.deployment)
     )
     out = h.forecast
-    if fingerprint(h.deployment, name, "QuotaExhaustionForecast") in firing:
+    if forecast_fingerprint(h.deployment, name) in firing:
         words = "the quota is projected to run out within the forecast horizon"
         if out is not None and out.eta_seconds is not None and out.rate_per_hour is not None:
             words = (

@@ -38,7 +38,7 @@ from watchd.store.health import IdentityHealth
 from watchd.store.persistence import StateDB
 from watchd.store.records import ChatRecord
 from watchd.telemetry.events import EventSink, own_source
-from watchd.watching.forecasting import QuotaForecast
+from watchd.watching.forecasting import QuotaForecast, forecast_fingerprint
 from watchd.watching.quota import QuotaWatcher
 from watchd.watching.readings import ReadingBook
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
@@ -211,6 +211,11 @@ class Identities:
         sup.spawn(f"reconcile:{name}", watcher.reconcile_forever, group="watchers", restart=True)
         if config.quota.enabled:
             self._start_quota(name, health, client, config, ident)
+        if not (config.quota.enabled and config.forecast.enabled):
+            # Turned off (perhaps while the daemon was down): a forecast firing from
+            # before would otherwise never resolve.
+            fp = forecast_fingerprint(ident.url, name)
+            self.detector.ledger.clear_alert(fp, why="the quota forecast is turned off")
 
     def _start_quota(
         self,

@@ -123,8 +123,8 @@ class Forecaster:
             self._keep(r)
 
     def _keep(self, r: Reading) -> bool:
-        """Add ``r`` to the series (restarted when the budget changed); False when it is
-        not newer than the last reading (a duplicate, or one from before a restart)."""
+        """Add ``r`` to the series and say whether a budget change restarted it. A reading
+        not newer than the last (a duplicate, one from before a restart) is left out."""
         series = self.readings
         if series and r.at <= series[-1].at:
             return False

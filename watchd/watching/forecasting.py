@@ -37,6 +37,11 @@ class AlertLedger(Protocol):
     def clear_alert(self, fp: str, *, why: str) -> None: ...
 
 
+def forecast_fingerprint(deployment: str, identity: str) -> str:
+    """The identity's QuotaExhaustionForecast (one per identity, like QuotaLow)."""
+    return fingerprint(deployment, identity, ALERTNAME)
+
+
 def rfc3339(epoch: float) -> str:
     """UTC, to the nearest second (not truncated: an eta is never a second early)."""
     whole = datetime.fromtimestamp(round(epoch), UTC)
@@ -73,7 +78,7 @@ class QuotaForecast:
         self.config = config
         self.labels = dict(labels)
         self.book = book
-        self.fp = fingerprint(health.deployment, health.name, ALERTNAME)
+        self.fp = forecast_fingerprint(health.deployment, health.name)
         since = health.server_clock.now() - config.window
         restored = book.load(health.name, since=since) if book is not None else []
         self.forecaster = Forecaster(
