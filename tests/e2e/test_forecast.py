@@ -50,9 +50,7 @@ async def admission(d: DaemonProcess, identity: str, *, token: str | None = TOKE
 async def test_forecast_fires_for_a_rise_and_admission_holds_it_back(
     start_sim: StartSim, start_daemon: StartDaemon, tmp_path: Path
 ) -> None:
-    """A steady rise fires the forecast while headroom remains (eta within 10 % of the
-    true exhaustion), a flat quota never does; admission says false with the reason for
-    the first, true for the second, 404 for an unknown identity, 401 without the token."""
+    """Rise fires (eta within 10 %), flat never; admission false/true, 404 and 401."""
     sim: SimProcess = start_sim()
     await sim.admin("POST", "/users/bob/quota", {"budget": BUDGET, "consumed": START})
     d = start_daemon(

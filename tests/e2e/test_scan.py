@@ -76,8 +76,7 @@ async def test_scan_exit_codes_json_and_sweep_preview(tmp_path: Path, start_sim:
 async def test_scan_shows_quota_and_says_it_cannot_fit_a_trend(
     tmp_path: Path, start_sim: StartSim
 ) -> None:
-    """Each identity's quota is printed (text and --json); the scan says one pass cannot
-    fit a trend instead of guessing a rate or a forecast."""
+    """scan prints each quota (text, --json) and says one pass cannot fit a trend."""
     sim = start_sim()
     await sim.admin("POST", "/users/alice/quota", {"budget": 100, "consumed": 40})
     await sim.admin("POST", "/users/bob/quota", {"budget": -1, "consumed": 7})

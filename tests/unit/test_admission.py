@@ -90,8 +90,7 @@ async def test_token_and_unknown_identity(daemon: Daemon) -> None:
 
 
 async def test_each_reason_refuses_admission(daemon: Daemon) -> None:
-    """Forecast firing, low headroom, an unhealthy identity and a capacity FleetIncident
-    each make admit false with their own reason; the other identity is unaffected."""
+    """Each of the four conditions refuses admission with its own reason code."""
     h = daemon.health["team-a"]
     h.forecast = QuotaOutlook(
         at=0.0, readings=5, span_seconds=1200, headroom=60, firing=True,
@@ -112,8 +111,7 @@ async def test_each_reason_refuses_admission(daemon: Daemon) -> None:
 
 
 async def test_status_shows_the_forecast_and_the_answer(daemon: Daemon) -> None:
-    """/status JSON carries each identity's forecast and admission answer; the HTML page
-    shows the rate, the eta and why admission holds."""
+    """/status JSON and HTML show each identity's forecast (rate, eta) and admission."""
     h = daemon.health["team-a"]
     h.forecast = QuotaOutlook(
         at=0.0, readings=5, span_seconds=1200, headroom=60, firing=True,

@@ -75,8 +75,7 @@ def test_noisy_flat_never_fires() -> None:
 
 
 def test_a_single_spike_never_fires_and_is_dropped() -> None:
-    """One reading far above a flat line (headroom 3 left for a poll) neither fires nor
-    bends the line: it is dropped as the outlier."""
+    """A single spike on a flat line never fires: it is dropped as the outlier."""
     readings = series(lambda i: 97 if i == 20 else 60, 40)
     steps = replay(forecaster(), readings)
     assert fired(steps) == []
@@ -85,8 +84,7 @@ def test_a_single_spike_never_fires_and_is_dropped() -> None:
 
 
 def test_fewer_readings_than_the_rule_never_fire() -> None:
-    """Two readings, or three spanning less than a third of the window, never fire however
-    steep the rise."""
+    """Two readings, or three within a third of the window, never fire, however steep."""
     two = [Reading(0, 10, BUDGET), Reading(EVERY, 90, BUDGET)]
     assert fired(replay(forecaster(), two)) == []
     close = [Reading(t, c, BUDGET) for t, c in ((0, 10), (100, 50), (200, 90))]
@@ -131,8 +129,7 @@ def test_hysteresis_keeps_it_firing_until_eta_passes_one_and_a_quarter_horizons(
 
 
 def test_restored_readings_need_no_second_window() -> None:
-    """A forecaster built from persisted readings projects at once (a restart does not
-    blind it), and ignores readings older than the ones it has."""
+    """Restored readings project at once; a reading older than them is ignored."""
     rising = series(lambda i: 40 + 5 * i, 7)
     f = Forecaster(window=WINDOW, horizon=HORIZON, readings=rising)
     v = f.add(Reading(7 * EVERY, 75, BUDGET), firing=False)

@@ -98,8 +98,7 @@ async def test_fires_through_the_ledger_with_the_contract_annotations(tmp_path: 
 
 
 async def test_a_restart_keeps_the_series(tmp_path: Path) -> None:
-    """Readings persist: after a restart one more reading completes the trend (without them
-    it would need three readings over ten minutes), and a restored firing alert resolves."""
+    """A restart keeps the series (one more reading completes it) and the firing alert."""
     wall = SteppedWall()
     w = World(tmp_path / "s.sqlite3", wall)
     for c in (40, 42):
