@@ -60,9 +60,13 @@ class QuotaWatcher:
                 org = me.organization_ids[0]
             quota = await self.client.workspace_quota(org, self.config.user)
         except (CoderError, PayloadError) as exc:
+            # The same failure poll after poll (a revoked token) is said once; /status
+            # keeps the latest, and IdentityUnhealthy pages for a token that is refused.
+            again = h.quota_state == "error" and h.quota_error == str(exc)
+            say = log.debug if again else log.warning
             h.quota_error = str(exc)
             h.quota_state = "error"
-            log.warning("quota.failed", identity=h.name, error=str(exc))
+            say("quota.failed", identity=h.name, error=str(exc))
             return
         h.quota_checked = loop_time()
         if quota is None:
