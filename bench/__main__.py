@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import cases, statuspage, tail
+from bench import admission, cases, statuspage, tail
 
 
 def median_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -46,7 +46,7 @@ def main() -> None:
         "--only",
         default="",
         help="comma list: footprint,throughput,scale,identities,reconcile,latency,spans,"
-        "ingest,status",
+        "ingest,status,tail,admission",
     )
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
@@ -64,6 +64,7 @@ def main() -> None:
         ("ingest", lambda: cases.ingest_overload(200 if q else 2_000)),
         ("status", lambda: statuspage.status_page(2_000 if q else 20_000)),
         ("tail", lambda: tail.tail(1_000 if q else 10_000)),
+        ("admission", lambda: admission.admission(50, 2_000 if q else 10_000)),
     ]
     only = set(filter(None, args.only.split(",")))
     rows: list[dict[str, Any]] = []

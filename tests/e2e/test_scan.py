@@ -71,3 +71,23 @@ async def test_scan_exit_codes_json_and_sweep_preview(tmp_path: Path, start_sim:
     bad = await scan(d.config_path)
     assert bad.returncode == 2 and "COULD NOT SCAN" in bad.stdout
     assert sim.token("alice") not in bad.stdout + bad.stderr
+
+
+async def test_scan_shows_quota_and_says_it_cannot_fit_a_trend(
+    tmp_path: Path, start_sim: StartSim
+) -> None:
+    """scan prints each quota (text, --json) and says one pass cannot fit a trend."""
+    sim = start_sim()
+    await sim.admin("POST", "/users/alice/quota", {"budget": 100, "consumed": 40})
+    await sim.admin("POST", "/users/bob/quota", {"budget": -1, "consumed": 7})
+    d = DaemonProcess(tmp_path, sim, identities=[("team-a", "alice"), ("team-b", "bob")])
+    text = await scan(d.config_path)
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert "quota: 40 of 100 credits used, 60 left; one pass cannot fit a trend" in text.stdout
+    assert "quota: no budget (-1), 7 credits used" in text.stdout
+    out = await scan(d.config_path, "--json")
+    results = {r["identity"]: r for r in json.loads(out.stdout)["results"]}
+    q = results["team-a"]["quota"]
+    assert (q["headroom"], q["rate_per_hour"], q["forecast"]) == (60, None, None)
+    assert "cannot fit a trend" in q["note"]
+    assert results["team-b"]["quota"]["state"] == "unlimited"

@@ -31,14 +31,16 @@ INTRO = """\
 watchd demo — a simulated Coder deployment (era E, /api/v2) with three identities:
 
   team-a  a busy fleet: short turns that finish, one chat wedged in `running` while
-          queued for capacity, one slow turn that ends after ~45 s, and one that
-          finishes *silently* (the stream never says so; the reconcile finds it)
+          queued for capacity, one slow turn that ends after ~45 s, one that
+          finishes *silently* (the stream never says so; the reconcile finds it), and
+          a workspace quota that keeps rising (a forecast pages a minute ahead)
   team-b  a client-tool pause stranded in `requires_action`, a chat whose workspace
           build failed with INSUFFICIENT_QUOTA, and a parent with a subagent child
   team-c  a revoked token
 
 Budgets are shortened for the demo: running 20s, requires_action 15s, interrupting
-10s; reconcile every 10s; an identity unhealthy for 10s raises IdentityUnhealthy.
+10s; reconcile every 10s; an identity unhealthy for 10s raises IdentityUnhealthy; quota
+read every 5s, its forecast fitted over 30s with a 1m horizon.
 """
 
 
@@ -63,6 +65,8 @@ def demo_config(url: str, state_dir: str, listen: str) -> Config:
                 "default": "20s",
             },
             "reconcile_interval": "10s",
+            "quota": {"interval": "5s"},
+            "forecast": {"window": "30s", "horizon": "1m"},
             "route": {"receiver": "console", "group_wait": "1s", "group_interval": "5s"},
             "receivers": [{"name": "console", "console": {}}],
             "server": {"listen": listen},

@@ -2,7 +2,9 @@
 
 Read-only: nothing is sent to receivers and nothing is written. Without the
 daemon's history, every clock is a lower bound from ``updated_at`` (a scan
-can under-report how long a chat has been stuck, never over-report).
+can under-report how long a chat has been stuck, never over-report). Each
+identity's quota is read once and shown; one reading cannot fit a trend, so
+the scan says so instead of guessing a rate or a forecast.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from watchd.commands.configuring import load_config_or_report
 from watchd.config.fields import format_duration
 from watchd.config.model import Config
 from watchd.config.secrets import ResolvedSecrets, resolve_secrets
+from watchd.config.watching import IdentityConfig, QuotaConfig
 from watchd.detection.budgets import past_budget
 from watchd.detection.diagnosis import Facts, hint
 from watchd.kits.clock import ServerClock
@@ -34,6 +37,10 @@ from watchd.store.chats import ChatStore
 # Diagnosis costs up to three requests per chat; past this many stuck chats per
 # identity the scan reports them without a hint rather than hammer Coder.
 DIAGNOSE_LIMIT = 25
+NO_TREND = (
+    "one pass cannot fit a trend: no rate or forecast from a scan "
+    "(the daemon fits one over forecast.window)"
+)
 
 
 @dataclass
@@ -42,8 +49,49 @@ class ScanResult:
     deployment: str
     chats: int = 0
     error: str = ""
+    quota: dict[str, Any] | None = None
     stuck: list[dict[str, Any]] = field(default_factory=list)
     sweep: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def read_quota(client: CoderClient, config: QuotaConfig) -> dict[str, Any] | None:
+    """The identity's quota, read once (None when quota watching is off)."""
+    if not config.enabled:
+        return None
+    try:
+        org = config.organization
+        if org is None:
+            me = await client.me()
+            if not me.organization_ids:
+                return {"state": "unavailable", "note": "the token's user belongs to no org"}
+            org = me.organization_ids[0]
+        quota = await client.workspace_quota(org, config.user)
+    except (CoderError, PayloadError) as exc:
+        return {"state": "error", "error": str(exc)}
+    if quota is None:
+        return {"state": "unavailable", "note": "no workspace quota on this deployment"}
+    if quota.unlimited:
+        return {"state": "unlimited", "budget": -1, "consumed": quota.credits_consumed}
+    return {
+        "state": "ok",
+        "budget": quota.budget,
+        "consumed": quota.credits_consumed,
+        "headroom": quota.headroom,
+        "rate_per_hour": None,
+        "forecast": None,
+        "note": NO_TREND,
+    }
+
+
+def quota_line(q: dict[str, Any]) -> str:
+    if q["state"] == "ok":
+        return (
+            f"  quota: {q['consumed']} of {q['budget']} credits used, {q['headroom']} left; "
+            f"{q['note']}"
+        )
+    if q["state"] == "unlimited":
+        return f"  quota: no budget (-1), {q['consumed']} credits used"
+    return f"  quota: {q['state']}: {q.get('error') or q.get('note', '')}"
 
 
 async def scan_identity(
@@ -72,6 +120,7 @@ async def scan_identity(
         result.error = str(exc)
         return result
     result.chats = len(chats)
+    result.quota = await read_quota(client, config.quota)
     now = clock.now()
     store.apply_listing(name, chats, now=now, started=now)
     for rec in store.records(name):
@@ -108,8 +157,17 @@ async def scan_identity(
                 entry["hint"] = f"(diagnosis unavailable: {exc})"
         result.stuck.append(entry)
     result.stuck.sort(key=lambda e: -int(e["time_in_status_seconds"]))
+    result.sweep = sweep_preview(config, ident, store, now=now)
+    return result
+
+
+def sweep_preview(
+    config: Config, ident: IdentityConfig, store: ChatStore, *, now: float
+) -> list[dict[str, Any]]:
+    """What the sweep would do to the identity's chats (nothing is done)."""
     policies = compile_policies(config.sweep)
-    for rec in store.records(name):
+    out: list[dict[str, Any]] = []
+    for rec in store.records(ident.name):
         policy = match_policy(policies, rec, now=now, labels=ident.labels)
         if policy is not None:
             action = (
@@ -117,7 +175,7 @@ async def scan_identity(
                 if rec.status in ACTIVE_STATUSES or policy.action == "archive"
                 else "archive"
             )
-            result.sweep.append(
+            out.append(
                 {
                     "chat_id": rec.chat_id,
                     "title": rec.title,
@@ -126,7 +184,7 @@ async def scan_identity(
                     "would": action,
                 }
             )
-    return result
+    return out
 
 
 async def scan(config: Config, secrets: ResolvedSecrets) -> list[ScanResult]:
@@ -157,6 +215,8 @@ def render(results: list[ScanResult]) -> str:
         lines.append(
             f"\n{r.identity} ({r.deployment}): {r.chats} chats, {len(r.stuck)} past budget"
         )
+        if r.quota is not None:
+            lines.append(quota_line(r.quota))
         for s in r.stuck:
             lines.append(
                 f"  {s['alertname']:<13} {s['status']:<16} {s['time_in_status']:>8} "

@@ -29,7 +29,14 @@ from watchd.config.fields import ConfigError, Strict, floor, format_duration, pa
 from watchd.config.process import HeartbeatConfig, ServerConfig, ShardingConfig
 from watchd.config.sweep import SweepConfig
 from watchd.config.telemetry import TelemetryConfig
-from watchd.config.watching import Budgets, DetectionConfig, IdentityConfig, QuotaConfig
+from watchd.config.watching import (
+    AdmissionConfig,
+    Budgets,
+    DetectionConfig,
+    ForecastConfig,
+    IdentityConfig,
+    QuotaConfig,
+)
 from watchd.kits import sharding
 
 
@@ -58,6 +65,8 @@ class Config(Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     quota: QuotaConfig = Field(default_factory=QuotaConfig)
+    forecast: ForecastConfig = Field(default_factory=ForecastConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     state_dir: str = "/var/lib/watchd"

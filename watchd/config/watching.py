@@ -117,3 +117,26 @@ class QuotaConfig(Strict):
         if self.low.endswith("%"):
             return budget * float(self.low[:-1]) / 100.0
         return float(self.low)
+
+
+class ForecastConfig(Strict):
+    """QuotaExhaustionForecast: a linear projection of each identity's quota consumption
+    (docs/alerting.md). It rides the quota poll: its readings are ``quota.interval`` apart."""
+
+    enabled: bool = True
+    # Half an hour of readings: six at the default 5m quota interval, enough to fit a line
+    # through a fleet's fan-out, short enough that a change of pace shows within the hour.
+    window: Annotated[
+        float, BeforeValidator(parse_duration), floor(3.0, "a line needs readings over time")
+    ] = 1800.0
+    # Page an hour ahead: time to delete idle workspaces or raise an allowance before new
+    # builds fail with INSUFFICIENT_QUOTA.
+    horizon: Annotated[float, BeforeValidator(parse_duration), floor(1.0, TICK)] = 3600.0
+
+
+class AdmissionConfig(Strict):
+    """What ``GET /v1/admission`` answers (docs/forwarding-events.md)."""
+
+    # 0: admit while any credit is left. A dispatcher whose new chats each build a
+    # workspace raises it to one workspace's cost, so the last admitted chat can still build.
+    min_headroom: Annotated[int, Field(ge=0)] = 0

@@ -11,6 +11,7 @@ secret; :mod:`watchd.daemon.metrics` owns the registry.
 
 from __future__ import annotations
 
+import math
 import platform
 from collections import Counter
 from collections.abc import Iterator
@@ -219,6 +220,7 @@ class Live(Collector):
             budget.add_metric([n], float(q.budget))
         yield headroom
         yield budget
+        yield from self._forecast()
         if d.sweeper is not None:
             sweep = _counter(
                 "watchd_sweep_total",
@@ -230,6 +232,20 @@ class Live(Collector):
             yield sweep
         yield from self._telemetry()
         yield from self._dispatch()
+
+    def _forecast(self) -> Iterator[Metric]:
+        """Per identity: the fitted rate, and the seconds until the line reaches the budget
+        (+Inf while it does not rise; both absent before the first reading)."""
+        rate = _gauge("watchd_quota_consumption_rate", "Quota use, credits/h.", ["identity"])
+        eta = _gauge("watchd_quota_exhaustion_eta_seconds", "Quota projected out in.", ["identity"])
+        for n, h in sorted(self.d.health.items()):
+            if (out := h.forecast) is not None:
+                if out.rate_per_hour is not None:
+                    rate.add_metric([n], out.rate_per_hour)
+                left = math.inf if out.eta is None else max(0.0, out.eta - h.server_clock.now())
+                eta.add_metric([n], left)
+        yield rate
+        yield eta
 
     def _sharding(self) -> Iterator[Metric]:
         d = self.d

@@ -23,7 +23,7 @@ from watchd.coder.transport import USER_AGENT, Transport
 from watchd.config import secrets
 from watchd.config.model import Config
 from watchd.config.secrets import ResolvedSecrets
-from watchd.config.watching import IdentityConfig, QuotaConfig
+from watchd.config.watching import IdentityConfig
 from watchd.daemon.metrics import Metrics
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
@@ -35,7 +35,9 @@ from watchd.store.health import IdentityHealth
 from watchd.store.rows import ChatRows
 from watchd.store.sqlite import StateFile
 from watchd.telemetry.events import EventSink, own_source
+from watchd.watching.forecasting import QuotaForecast, forecast_fingerprint
 from watchd.watching.quota import QuotaWatcher
+from watchd.watching.readings import ReadingBook
 from watchd.watching.watcher import IdentityWatcher, WatchSettings
 
 log = logs.get("watchd.daemon")
@@ -116,6 +118,7 @@ class Identities:
         self.clock = clock
         self.store = store
         self.db = db
+        self.readings = db.part(ReadingBook)
         self.detector = detector
         self.metrics = metrics
         self.events = events
@@ -183,22 +186,39 @@ class Identities:
         sup.spawn(f"watch:{name}", watcher.watch_forever, group="watchers", restart=True)
         sup.spawn(f"reconcile:{name}", watcher.reconcile_forever, group="watchers", restart=True)
         if config.quota.enabled:
-            self._start_quota(name, health, client, config.quota, ident)
+            self._start_quota(name, health, client, config, ident)
+        if not (config.quota.enabled and config.forecast.enabled):
+            # Turned off (perhaps while the daemon was down): a forecast firing from
+            # before would otherwise never resolve.
+            fp = forecast_fingerprint(ident.url, name)
+            self.detector.ledger.clear_alert(fp, why="the quota forecast is turned off")
 
     def _start_quota(
         self,
         name: str,
         health: IdentityHealth,
         client: CoderClient,
-        quota: QuotaConfig,
+        config: Config,
         ident: IdentityConfig,
     ) -> None:
+        forecast = (
+            QuotaForecast(
+                health=health,
+                alerts=self.detector.ledger,
+                config=config.forecast,
+                labels=ident.labels,
+                book=self.readings,
+            )
+            if config.forecast.enabled
+            else None
+        )
         poller = QuotaWatcher(
             health=health,
             client=client,
             alerts=self.detector.ledger,
-            config=quota,
+            config=config.quota,
             labels=dict(ident.labels),
+            forecast=forecast,
         )
         self.supervisor.spawn(f"quota:{name}", poller.run, group="watchers", restart=True)
 
@@ -221,6 +241,7 @@ class Identities:
         if forget:
             self.store.drop_identity(name)
             self.db.part(ChatRows).forget(name)
+            self.readings.forget(name)
 
     async def apply(
         self,

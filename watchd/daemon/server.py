@@ -1,4 +1,5 @@
-"""The daemon's HTTP server: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
+"""The daemon's HTTP server: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``, the
+transport-event ingest and the admission answer (both behind the ingest bearer token).
 
 Liveness is proved by the loop answering at all, by a heartbeat task the loop
 must keep running and by no process-wide task crash-looping
@@ -19,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 import orjson
 from aiohttp import web
 
+from watchd.daemon.admission import Counts, admission
 from watchd.daemon.metrics import CONTENT_TYPE
 from watchd.daemon.silences_api import SilencesApi
 from watchd.daemon.status import StatusQuery, status_document
@@ -55,6 +57,8 @@ class Server:
         self.app.router.add_get("/status", self.status)
         self.app.router.add_get("/metrics", self.metrics)
         self.app.router.add_post("/v1/transport-events", self.ingest)
+        self.app.router.add_get("/v1/admission", self.admission)
+        self.counts = Counts()
         self.ingest_counts = {
             "accepted": 0,
             "rejected": 0,
@@ -115,7 +119,7 @@ class Server:
             "text/html" in accept and request.query.get("format") != "json"
         )
         query = StatusQuery.from_query(request.query, html_page=wants_html)
-        doc = await status_document(self.daemon, query)
+        doc = await status_document(self.daemon, query, self.counts)
         # Last line of defence: nothing a server echoed (a token) leaves through /status.
         if wants_html:
             return web.Response(text=REGISTRY.scrub(status_html(doc)), content_type="text/html")
@@ -139,20 +143,42 @@ class Server:
 
     # -- transport-event ingest ---------------------------------------------------------
 
+    def _refused(self, request: web.Request) -> web.Response | None:
+        """401 unless the request bears the ingest token (when one is set)."""
+        token = self.daemon.secrets.ingest_token
+        if token is None:
+            return None
+        given = request.headers.get("Authorization", "")
+        if hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
+            return None
+        return web.json_response(
+            {"error": "missing or wrong bearer token"},
+            status=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    async def admission(self, request: web.Request) -> web.Response:
+        """Whether a dispatcher should start more chats for ``?identity=`` now (from
+        memory: no Coder call)."""
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        name = request.query.get("identity", "")
+        if not name:
+            return web.json_response({"error": "?identity=NAME is required"}, status=400)
+        answer = admission(self.daemon, name, self.counts)
+        if answer is None:
+            return web.json_response(
+                {"error": "this daemon watches no identity of that name"}, status=404
+            )
+        return web.json_response(answer, headers={"Cache-Control": "no-store"})
+
     async def ingest(self, request: web.Request) -> web.Response:
         counts = self.ingest_counts
-        token = self.daemon.secrets.ingest_token
-        if token is not None:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(
-                given.encode(), f"Bearer {token.get_secret_value()}".encode()
-            ):
-                counts["unauthorized"] += 1
-                return web.json_response(
-                    {"error": "missing or wrong bearer token"},
-                    status=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
+        refused = self._refused(request)
+        if refused is not None:
+            counts["unauthorized"] += 1
+            return refused
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:

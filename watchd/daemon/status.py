@@ -20,6 +20,7 @@ from typing import Any
 
 from watchd.alerting.model import Alert, live
 from watchd.config.fields import format_duration
+from watchd.daemon.admission import Counts, admission
 from watchd.daemon.view import (
     HISTORY_WINDOW,
     DaemonView,
@@ -69,7 +70,23 @@ class StatusQuery:
         )
 
 
-def _identity(d: DaemonView, name: str) -> dict[str, Any]:
+def _forecast(d: DaemonView, name: str) -> dict[str, Any] | None:
+    out = d.health[name].forecast
+    if out is None:
+        return None
+    return {
+        "rate_per_hour": None if out.rate_per_hour is None else round(out.rate_per_hour, 2),
+        "eta": None if out.eta is None else iso(out.eta),
+        "eta_seconds": None if out.eta_seconds is None else round(out.eta_seconds),
+        "firing": out.firing,
+        "readings": out.readings,
+        "span_seconds": round(out.span_seconds),
+        "outlier_dropped": out.outlier,
+        "note": out.note,
+    }
+
+
+def _identity(d: DaemonView, name: str, counts: Counts) -> dict[str, Any]:
     h = d.health[name]
     by_status = Counter(r.status for r in d.store.records(name))
     return {
@@ -102,7 +119,9 @@ def _identity(d: DaemonView, name: str) -> dict[str, Any]:
             "consumed": h.quota.credits_consumed if h.quota else None,
             "headroom": h.quota.headroom if h.quota else None,
             "error": h.quota_error,
+            "forecast": _forecast(d, name),
         },
+        "admission": admission(d, name, counts),
     }
 
 
@@ -178,7 +197,11 @@ async def classify(d: DaemonView, now: float, q: StatusQuery | None = None) -> C
     return out
 
 
-async def status_document(d: DaemonView, query: StatusQuery | None = None) -> dict[str, Any]:
+async def status_document(
+    d: DaemonView, query: StatusQuery | None = None, counts: Counts | None = None
+) -> dict[str, Any]:
+    """The document; ``counts`` (the server's) lets chat counts for admission answers be
+    reused within their second."""
     q = query or StatusQuery()
     now = time.time()
     c = await classify(d, now, q)
@@ -194,7 +217,8 @@ async def status_document(d: DaemonView, query: StatusQuery | None = None) -> di
         )
     resolved = [a for a in reversed(d.detector.history) if not a.firing][:RESOLVED_SHOWN]
     det = d.detector
-    identities = [_identity(d, name) for name in d.health]
+    counts = counts or Counts()
+    identities = [_identity(d, name, counts) for name in d.health]
     kinds = {n: x.kind for n, x in d.dispatcher.notifiers.items()} if d.dispatcher else {}
     return {
         "version": d.version,

@@ -123,6 +123,8 @@ def status_html(doc: dict[str, Any]) -> str:
             f"<td>{e(i['deployment'])}</td><td>{e(i['state'])}</td>"
             f"<td>{'—' if age is None else e(format_duration(age)) + ' ago'}</td>"
             f"<td>{i['chats']}</td><td>{statuses}</td><td>{chart}</td>"
+            f"<td class='quota'>{_quota_cell(i['quota'])}</td>"
+            f"<td class='admission'>{_admission_cell(i.get('admission'))}</td>"
             f"<td>{e(i['last_error'] or '')}</td></tr>"
         )
     active = [a for a in al["firing"] if a["state"] == "active"]
@@ -231,7 +233,8 @@ def status_html(doc: dict[str, Any]) -> str:
 {receivers}</table>
 <h2>Identities</h2>
 <table id="identities"><tr><th>identity</th><th>deployment</th><th>watch</th><th>last list</th>
-<th>chats</th><th>by status</th><th>last hour</th><th>last error</th></tr>{"".join(rows)}</table>
+<th>chats</th><th>by status</th><th>last hour</th><th>quota and forecast</th><th>admission</th>
+<th>last error</th></tr>{"".join(rows)}</table>
 <h2>Recently resolved (last {RESOLVED_SHOWN})</h2>
 <table id="resolved"><tr><th>alert</th><th>identity</th><th>chat</th><th>lasted</th>
 <th>why it ended</th><th>resolved at</th></tr>{resolved}</table>
@@ -239,6 +242,33 @@ def status_html(doc: dict[str, Any]) -> str:
 <table id="silences"><tr><th>id</th><th>state</th><th>matchers</th><th>ends</th><th>by</th>
 <th>comment</th></tr>{silences}</table>
 </body></html>"""
+
+
+def _quota_cell(q: dict[str, Any]) -> str:
+    """Headroom, the fitted rate and the eta (or why there is none yet)."""
+    e = html.escape
+    if q["headroom"] is None:
+        return e(q["state"])
+    text = f"{q['headroom']} of {q['budget']} left"
+    fc = q.get("forecast")
+    if fc is None:
+        return e(text)
+    if fc["rate_per_hour"] is not None:
+        text += f"; {fc['rate_per_hour']:+.1f}/h"
+    if fc["eta"]:
+        text += f"; runs out in {format_duration(fc['eta_seconds'])} ({fc['eta']})"
+    else:
+        text += f"; {fc['note']}"
+    return ("<b>FORECAST</b> " if fc["firing"] else "") + e(text)
+
+
+def _admission_cell(a: dict[str, Any] | None) -> str:
+    e = html.escape
+    if a is None:
+        return "—"
+    if a["admit"]:
+        return "admit"
+    return "<b>hold</b>: " + e("; ".join(a["reasons"]))
 
 
 def _chat_cell(a: dict[str, Any]) -> str:

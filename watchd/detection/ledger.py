@@ -1,12 +1,12 @@
 """The firing alerts of every kind, and nothing else: remember, fire, resolve, persist.
 
-Chat verdicts, IdentityUnhealthy, QuotaLow (the quota watcher) and ChatSwept (the
-sweeper) all go through here, so every firing alert is in the state file (its own
-``alerts`` table, :class:`StoredAlerts`) and resolves after a restart as it would have
-before it. A chat verdict also *holds its clock*:
-its timer is cancelled while it fires (no re-confirm loop), and re-armed by the
-detector only once it resolves. Renders nothing (:mod:`watchd.detection.alerts`) and
-decides nothing (:mod:`watchd.detection.detector`).
+Chat verdicts, IdentityUnhealthy, QuotaLow and QuotaExhaustionForecast (the quota
+watcher) and ChatSwept (the sweeper) all go through here, so every firing alert is in the
+state file (its own ``alerts`` table, :class:`StoredAlerts`) and resolves after a restart
+as it would have before it. A chat verdict also *holds its clock*: its timer is cancelled
+while it fires (no re-confirm loop), and re-armed by the detector only once it resolves.
+Renders nothing (:mod:`watchd.detection.alerts`) and decides nothing
+(:mod:`watchd.detection.detector`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import time
 
 from aiohttp import web
 
+from watchd.sim import quota
 from watchd.sim.payloads import json_response
 from watchd.sim.records import Step, iso
 from watchd.sim.state import SimState
@@ -243,11 +244,7 @@ class AdminAPI:
     async def admin_quota(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         user = self.state.user(request.match_info["username"])
-        if "budget" in body:
-            user.quota_budget = int(body["budget"])
-        if "consumed" in body:
-            user.credits_consumed = int(body["consumed"])
-        return json_response(200, {"budget": user.quota_budget, "consumed": user.credits_consumed})
+        return json_response(200, quota.configure(user, body, self.state.now()))
 
     async def admin_workspace(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()

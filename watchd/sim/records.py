@@ -54,7 +54,9 @@ class SimUser:
     org_id: str
     revoked: bool = False
     quota_budget: int = -1
-    credits_consumed: int = 0
+    credits_consumed: int = 0  # at rise_since (sim/quota.py adds the rise since then)
+    rise_per_minute: float = 0.0
+    rise_since: float = 0.0
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from watchd.sim import quota
 from watchd.sim.records import Step
 from watchd.sim.state import SimState
 
@@ -35,12 +36,14 @@ def demo(state: SimState) -> list[Identity]:
 
     - team-a: a healthy fleet (turns start and finish), one chat wedged in `running`
       while queued for capacity, one slow turn that finishes after ~45 s (its alert
-      resolves), and a chat that finishes *silently* (no watch event: caught by reconcile).
+      resolves), a chat that finishes *silently* (no watch event: caught by reconcile),
+      and a workspace quota rising 30 credits a minute from 40 of 100.
     - team-b: a client-tool pause stranded in `requires_action`, a workspace whose
       build failed on quota, and subagent children.
     - team-c: a revoked token (IdentityUnhealthy).
     """
     a = state.add_user("alice", budget=100, consumed=40)
+    quota.configure(a, {"rise_per_minute": 30}, state.now())
     b = state.add_user("bob", budget=50, consumed=50)
     c = state.add_user("carol")
     for i in range(4):

@@ -26,6 +26,7 @@ from watchd.sim.payloads import (
     http_date,
     json_response,
 )
+from watchd.sim.quota import consumed
 from watchd.sim.records import SimError, SimUser
 from watchd.sim.state import SimState
 from watchd.sim.watch import WatchSockets
@@ -225,9 +226,8 @@ class SimServer:
                 target = u
         if target is None or org != target.org_id or target.id != caller.id:
             raise SimError(404, NOT_FOUND)
-        return json_response(
-            200, {"credits_consumed": target.credits_consumed, "budget": target.quota_budget}
-        )
+        used = consumed(target, state.now())
+        return json_response(200, {"credits_consumed": used, "budget": target.quota_budget})
 
     async def workspace(self, request: web.Request) -> web.StreamResponse:
         caller = request[USER_KEY]

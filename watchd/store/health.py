@@ -33,6 +33,23 @@ WatchState = Literal[
 QuotaState = Literal["ok", "unlimited", "unavailable", "error", "unknown"]
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaOutlook:
+    """What the identity's quota readings project (the forecast writes it, the status
+    page, metrics and admission read it). Times are on the server's clock."""
+
+    at: float  # when the latest reading was taken
+    readings: int  # in the window
+    span_seconds: float
+    headroom: int
+    firing: bool  # QuotaExhaustionForecast fires
+    rate_per_hour: float | None = None  # the fitted rise (None: too few readings)
+    eta: float | None = None  # when the line reaches the budget (None: not rising)
+    eta_seconds: float | None = None
+    note: str = ""  # why there is no forecast, or what it says
+    outlier: bool = False  # a reading was dropped as an outlier
+
+
 @dataclass
 class IdentityHealth:
     name: str
@@ -70,6 +87,7 @@ class IdentityHealth:
     quota_state: QuotaState = "unknown"
     quota_checked: float | None = None  # loop clock
     quota_error: str = ""
+    forecast: QuotaOutlook | None = None
 
     # Told each complete listing's duration (the daemon's histogram); not compared or shown.
     on_listing: Callable[[float], None] | None = field(default=None, repr=False, compare=False)

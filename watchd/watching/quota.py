@@ -3,14 +3,14 @@
 ``budget: -1`` means no quota is configured or licensed — not "exhausted".
 A 404 means the route does not exist on this deployment (OSS): said once,
 then quietly remembered. Headroom below the configured threshold fires
-QuotaLow; recovering resolves it.
+QuotaLow; recovering resolves it. Every reading with a budget also feeds the identity's
+QuotaExhaustionForecast (:mod:`watchd.watching.forecasting`), when one is configured.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
 
 from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.client import CoderClient
@@ -19,17 +19,9 @@ from watchd.config.watching import QuotaConfig
 from watchd.kits import logs
 from watchd.kits.clock import loop_time
 from watchd.store.health import IdentityHealth, QuotaState
+from watchd.watching.forecasting import AlertLedger, QuotaForecast
 
 log = logs.get("watchd.quota")
-
-
-class AlertLedger(Protocol):
-    """Where QuotaLow fires and resolves (the daemon wires in the detector's ledger, so it
-    is persisted like every alert)."""
-
-    def raise_alert(self, alert: Alert, *, identity: str) -> None: ...
-
-    def clear_alert(self, fp: str, *, why: str) -> None: ...
 
 
 class QuotaWatcher:
@@ -41,12 +33,14 @@ class QuotaWatcher:
         alerts: AlertLedger,
         config: QuotaConfig,
         labels: dict[str, str],
+        forecast: QuotaForecast | None = None,
     ) -> None:
         self.health = health
         self.client = client
         self.alerts = alerts
         self.config = config
         self.labels = labels
+        self.forecast = forecast
         self.fp = fingerprint(health.deployment, health.name, "QuotaLow")
 
     async def run(self) -> None:
@@ -66,9 +60,13 @@ class QuotaWatcher:
                 org = me.organization_ids[0]
             quota = await self.client.workspace_quota(org, self.config.user)
         except (CoderError, PayloadError) as exc:
+            # The same failure poll after poll (a revoked token) is said once; /status
+            # keeps the latest, and IdentityUnhealthy pages for a token that is refused.
+            again = h.quota_state == "error" and h.quota_error == str(exc)
+            say = log.debug if again else log.warning
             h.quota_error = str(exc)
             h.quota_state = "error"
-            log.warning("quota.failed", identity=h.name, error=str(exc))
+            say("quota.failed", identity=h.name, error=str(exc))
             return
         h.quota_checked = loop_time()
         if quota is None:
@@ -78,14 +76,20 @@ class QuotaWatcher:
                 "(no premium license, or an OSS build)",
             )
             self.alerts.clear_alert(self.fp, why="quota unavailable")
+            if self.forecast is not None:
+                self.forecast.stop("quota unavailable")
             return
         h.quota = quota
         h.quota_error = ""
         if quota.unlimited:
             self._state("unlimited", "budget -1: no quota configured for this user")
             self.alerts.clear_alert(self.fp, why="no quota")
+            if self.forecast is not None:
+                self.forecast.stop("no quota")
             return
         h.quota_state = "ok"
+        if self.forecast is not None:
+            await self.forecast.observe(quota)
         threshold = self.config.threshold(quota.budget)
         headroom = quota.headroom
         assert headroom is not None
