@@ -196,12 +196,7 @@ class Detector:
                 pending = latest.pop(rec.chat_id, None)
                 if pending is not None and w is not None:
                     self._arm_all(w, (pending,))
-                log.info(
-                    "chat.tombstoned", identity=identity, chat_id=rec.chat_id, reason=change.reason
-                )
-                if db is not None:
-                    db.mark_deleted(identity, rec.chat_id)
-                self.ledger.resolve_chat(rec, why=_GONE.get(change.reason, f"chat {change.reason}"))
+                self._gone(identity, change)
                 continue
             prev = change.previous
             if kind == "transition" and rec.clock == CLOCK_SYNTHESIZED:
@@ -255,6 +250,14 @@ class Detector:
             if nxt is not None and nxt < self._next_wake:
                 # Only a deadline earlier than the loop's planned wake-up needs a wake-up.
                 self._wake.set()
+
+    def _gone(self, identity: str, change: Change) -> None:
+        """A tombstone: the chat's row goes, its alerts resolve."""
+        rec = change.record
+        log.info("chat.tombstoned", identity=identity, chat_id=rec.chat_id, reason=change.reason)
+        if self.chat_rows is not None:
+            self.chat_rows.mark_deleted(identity, rec.chat_id)
+        self.ledger.resolve_chat(rec, why=_GONE.get(change.reason, f"chat {change.reason}"))
 
     def arm(self, rec: ChatRecord) -> None:
         """Arm ``rec``'s clocks (the confirm loop re-arms a chat a re-read cleared)."""
