@@ -33,7 +33,7 @@ log = logs.get("watchd.state")
 FLUSH_EVERY = 1.0
 # A hurried flush (an observed transition) waits this long for others to join it, and
 # comes no sooner than this after the last flush: a burst of transitions is one commit.
-HURRY_GATHER = 0.02
+HURRY_GATHER = 0.1
 RESET_SHOWN = 3600.0  # StateReset stays firing this long after the start that reset state
 
 
@@ -91,7 +91,8 @@ class StateWatch:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await hurried.wait()
-                await asyncio.sleep(HURRY_GATHER)
+                if hurried.is_set():
+                    await asyncio.sleep(HURRY_GATHER)  # let the rest of the burst join
             else:
                 await asyncio.sleep(delay)  # failing: the backoff's pace, hurried or not
             hurried.clear()

@@ -381,15 +381,12 @@ class IdentityWatcher:
         """A transition's event arrives as coderd writes it: its stamp is the server's
         clock now, and the estimate must not run far ahead of it (a proxy's Date, no Date
         from a server behind this host would fire every running chat at once)."""
-        newest = max(
-            (
-                e.chat.updated_at
-                for e in events
-                if e.kind in TRANSITION_EVENTS and e.chat.updated_at is not None
-            ),
-            default=None,
-        )
-        if newest is None:
+        # The last transition of the burst is the freshest (one look, not one per event).
+        for e in reversed(events):
+            newest = e.chat.updated_at
+            if e.kind in TRANSITION_EVENTS and newest is not None:
+                break
+        else:
             return
         clock = self.health.server_clock
         if clock.fresh_stamp(newest) and "behind" not in self.reconciler.clock_warned:
