@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -370,11 +371,8 @@ def test_ndjson_batch_names_line_and_field() -> None:
         ({"events": []}, "body.source"),
         ({"source": {"service": "s"}, "events": []}, "body.source.instance"),
         (
-            {
-                "source": {"service": "s", "instance": "i"},
-                "events": [{"type": "nope", "timestamp": 1}],
-            },
-            "unknown event type",
+            {"source": {"service": "s", "instance": "i"}, "events": [{"type": 5, "timestamp": 1}]},
+            "events[0].type",
         ),
         (
             {"source": {"service": "s", "instance": "i"}, "events": [{"type": "segment:start"}]},
@@ -544,3 +542,47 @@ def test_the_event_check_follows_the_kinds() -> None:
             if missing or mistyped:
                 assert not accepted, ev
     assert answers.count(True) > 100 and answers.count(False) > 500  # both sides exercised
+
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "sdk-events"
+
+
+@pytest.mark.parametrize("version", ["0.6.1", "0.6.3", "0.7.0"])
+def test_every_sdk_versions_events_are_accepted_and_become_spans(version: str) -> None:
+    """The events each SDK version documents (0.6.1 settles without durationMs, before
+    0.7.0 no reader) pass ingest validation and become the same spans: two stream
+    connections, two segments (one ERROR with the error's name), two HTTP spans."""
+    body = (FIXTURES / f"{version}.ndjson").read_bytes()
+    batch = parse_batch(
+        body, content_type="application/x-ndjson", query={"service": "agent", "instance": "i"}
+    )
+    spans, conv = run([(src, e) for src, e in batch])
+    names = sorted(s.name for s in spans)
+    assert names == [
+        "POST /api/experimental/chats",
+        "POST /api/experimental/chats/{chat}/messages",
+        "chat.segment",
+        "chat.segment",
+        "chat.stream",
+        "chat.stream",
+    ], names
+    failed = [s for s in spans if s.name == "chat.segment" and s.status == "ERROR"]
+    assert [s.attributes.get("error.type") for s in failed] == ["CoderChatError"]
+    assert conv.counters["unknown_type"] == 0
+
+
+def test_an_unknown_kind_is_accepted_counted_and_not_exported() -> None:
+    """A well-formed event of a kind this build does not know (a later SDK's) is accepted
+    with its batch, counted by the converter and turned into no span; an event with no
+    type or a timestamp that is not a number still refuses the whole batch."""
+    later = {"type": "turn:checkpoint", "timestamp": 1_764_437_000_000, "anything": [1]}
+    start = {"type": "segment:start", "timestamp": 1_764_437_000_001, "segment": 1}
+    body = json.dumps({"source": {"service": "s", "instance": "i"}, "events": [later, start]})
+    batch = parse_batch(body.encode(), content_type="application/json", query={})
+    assert [e["type"] for _, e in batch] == ["turn:checkpoint", "segment:start"]
+    spans, conv = run(batch)
+    assert spans == [] and conv.counters["unknown_type"] == 1
+    for bad in ({"timestamp": 1}, {"type": "turn:checkpoint", "timestamp": "soon"}):
+        body = json.dumps({"source": {"service": "s", "instance": "i"}, "events": [start, bad]})
+        with pytest.raises(IngestError, match=r"events\[1\]\.(type|timestamp)"):
+            parse_batch(body.encode(), content_type="application/json", query={})

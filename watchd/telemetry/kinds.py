@@ -9,6 +9,13 @@ types (:func:`problem`), so the two can never disagree on a shape, as aiohttp's
 
 ``chatId`` on a ``ws:*`` event is required but may be null: the SDK's streams are one
 chat's, watchd's own watch socket is every chat's of an identity and sends null.
+
+Every SDK version's shapes are accepted (0.6.1 to 0.7.0): a field a later version added
+is optional (``durationMs`` on ``segment:settle`` since 0.6.3, ``reader`` since 0.7.0),
+and a well-formed event of a kind this build does not know (``type`` and ``timestamp``
+as every kind has them) passes the check, to be counted and not exported by the span
+converter. A malformed event (no ``type``, a ``timestamp`` that is not a number) still
+refuses its batch.
 """
 
 from __future__ import annotations
@@ -103,7 +110,8 @@ class SegmentStart(TransportEvent, kw_only=True, tag="segment:start"):
 
 class SegmentSettle(TransportEvent, kw_only=True, tag="segment:settle"):
     segment: int
-    durationMs: float
+    # Since 0.6.3; 0.6.1 settles without it.
+    durationMs: float | None = None
 
 
 # The kinds of a WebSocket connection's life, which watchd's own watch socket emits too.
@@ -183,13 +191,12 @@ def problem(ev: Any) -> str | None:
     kind = ev.get("type")
     if not isinstance(kind, str):
         return ".type: required, a string"
-    rules = RULES.get(kind)
-    if rules is None:
-        return f".type: unknown event type {kind[:40]!r}"
     ts = ev.get("timestamp")
     if ts is None or ts.__class__ is bool or not isinstance(ts, _NUM) or ts < 0:
         return ".timestamp: required, milliseconds since the epoch"
-    for name, admitted, required, nullable in rules:
+    # A kind this build does not know (a later SDK's): well-formed as far as every kind
+    # goes, accepted, then counted and dropped by the converter.
+    for name, admitted, required, nullable in RULES.get(kind, ()):
         value = ev.get(name)
         if value is None:
             if required and not (nullable and name in ev):

@@ -145,7 +145,7 @@ class SpanConverter:
             "unsettled": 0,
             "superseded": 0,
             "ws_events": 0,
-            "ignored": 0,
+            "unknown_type": 0,  # accepted at ingest (a later SDK's kind), not exported
             "redials_dropped": 0,
             # Open pairs looked at while handling events: stays O(events), never O(open).
             "scanned": 0,
@@ -180,7 +180,7 @@ class SpanConverter:
             "segment:settle": self._segment_settle,
         }.get(kind)
         if handler is None:
-            self.counters["ignored"] += 1
+            self.counters["unknown_type"] += 1
             return []
         out = handler(source, event, ts)
         self.counters["spans"] += len(out)
