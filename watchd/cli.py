@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import faulthandler
 import os
+import sys
 from collections.abc import Sequence
 
 from watchd import __version__
@@ -198,5 +199,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         level="warning" if quiet and args.log_level == "info" else args.log_level,
         json=None if fmt == "auto" else fmt == "json",
     )
-    rc: int = args.func(args)
+    try:
+        rc: int = args.func(args)
+    except BrokenPipeError:
+        # The reader went away (`watchd scan | head -3`): what it did not read is not an
+        # error of ours and no traceback; stdout goes to /dev/null so the interpreter's
+        # final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return rc

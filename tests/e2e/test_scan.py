@@ -91,3 +91,24 @@ async def test_scan_shows_quota_and_says_it_cannot_fit_a_trend(
     assert (q["headroom"], q["rate_per_hour"], q["forecast"]) == (60, None, None)
     assert "cannot fit a trend" in q["note"]
     assert results["team-b"]["quota"]["state"] == "unlimited"
+
+
+async def test_scan_into_a_closed_pipe_ends_without_a_traceback(
+    tmp_path: Path, start_sim: StartSim
+) -> None:
+    """`watchd scan | head -1`: the reader goes away after one line; scan ends quietly
+    (exit 1, nothing on stderr about a broken pipe), not with a BrokenPipeError traceback."""
+    sim = start_sim()
+    d = DaemonProcess(
+        tmp_path, sim, identities=[("team-a", "alice")], extra={"budgets": {"running": "5m"}}
+    )
+    for i in range(300):
+        await sim.add_chat(
+            "alice", status="running", age=900, title=f"wedged turn {i} " + "x" * 200
+        )
+    cmd = f"{sys.executable} -m watchd scan -c {d.config_path} --json | head -c 100 >/dev/null"
+    done = await asyncio.to_thread(
+        subprocess.run, ["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True
+    )
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode == 1

@@ -188,3 +188,58 @@ def test_silence_times_are_validated_at_load() -> None:
     text = "\n".join(err.value.problems)
     assert "silences.0.ends_at" in text and "timezone" in text
     assert "silences.1.ends_at" in text
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (
+            {"identities": [{"name": "a", "url": "https://x", "token": "abc"}]},
+            "identities.0.token: unknown key: secrets are references, never inline values: "
+            "use token_file, token_env or token_credential",
+        ),
+        (
+            {
+                "identities": [{"name": "a", "url": "https://x", "token_env": "X"}],
+                "receivers": [{"name": "s", "slack": {"webhook_url": "https://hooks.slack"}}],
+            },
+            "receivers.0.slack.webhook_url: unknown key: secrets are references",
+        ),
+        (
+            {
+                "identities": [{"name": "a", "url": "https://x", "token_env": "X"}],
+                "route": {"receiver": "console", "matchers": "a=b"},
+            },
+            "route.matchers: expected a list of matchers, e.g. ['alertname=\"ChatStuck\"']",
+        ),
+        (
+            {
+                "identities": [{"name": "a", "url": "https://x", "token_env": "X"}],
+                "route": {"receiver": "console", "routes": [{"match": {"a": "b"}}]},
+            },
+            "route.routes.0.match: unknown key: Alertmanager's old form; write matchers:",
+        ),
+    ],
+)
+def test_common_mistakes_are_told_what_to_write(data: dict[str, object], said: str) -> None:
+    """An inline secret, a matcher string where a list belongs and Alertmanager's old
+    `match:` each get a message that says what to write, not pydantic's words."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert any(p.startswith(said) for p in err.value.problems), err.value.problems
+
+
+def test_otel_variables_are_honoured_or_refused_loudly() -> None:
+    """OTEL_TRACES_EXPORTER=console is honoured (it was silently ignored); an exporter or
+    OTLP protocol this build cannot speak (zipkin, http/json) is a start-up problem."""
+    from watchd.config.telemetry import TelemetryConfig, env_problems
+
+    t = TelemetryConfig()
+    assert t.exporter_kind({"OTEL_TRACES_EXPORTER": "console"}) == "console"
+    assert t.exporter_kind({"OTEL_TRACES_EXPORTER": "none"}) == "none"
+    assert env_problems({"OTEL_TRACES_EXPORTER": "console"}) == []
+    assert env_problems({"OTEL_TRACES_EXPORTER": "zipkin"}) == [
+        "OTEL_TRACES_EXPORTER=zipkin: not supported here; use otlp, console, none"
+    ]
+    (problem,) = env_problems({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+    assert problem.startswith("OTEL_EXPORTER_OTLP_PROTOCOL=http/json: not supported")

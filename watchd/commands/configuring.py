@@ -16,6 +16,7 @@ from watchd.config.fields import ConfigError
 from watchd.config.loading import DEFAULT_CONFIG_PATH, load_config
 from watchd.config.model import Config, shard_index
 from watchd.config.secrets import ResolvedSecrets, resolve_secrets
+from watchd.config.telemetry import env_problems
 
 
 def config_path(arg: str | None) -> str:
@@ -65,4 +66,5 @@ def preflight(config: Config) -> list[str]:
         shard_index(config)
     except ConfigError as exc:
         problems.extend(exc.problems)
+    problems.extend(env_problems(dict(os.environ)))
     return problems

@@ -7,12 +7,14 @@ file and nothing else: secrets are resolved separately (``secrets``).
 
 from __future__ import annotations
 
+import functools
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from watchd.config.fields import ConfigError
 from watchd.config.model import Config
@@ -20,13 +22,61 @@ from watchd.config.model import Config
 DEFAULT_CONFIG_PATH = "/etc/watchd/watchd.yaml"
 
 
+@functools.cache
+def _secret_fields(model: type[BaseModel] = Config) -> frozenset[str]:
+    """Every name ``x`` some model takes as a reference (``x_file`` beside ``x_env``)."""
+    found: set[str] = set()
+    seen: set[type[BaseModel]] = set()
+    stack = [model]
+    while stack:
+        m = stack.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        names = set(m.model_fields)
+        found.update(n[: -len("_file")] for n in names if n.endswith("_file"))
+        for f in m.model_fields.values():
+            for t in _models_in(f.annotation):
+                stack.append(t)
+    return frozenset(n for n in found if n)
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in typing.get_args(annotation) for m in _models_in(a)]
+
+
+# Alertmanager's old route keys, which watchd (like Alertmanager since 0.22) spells
+# as ``matchers``.
+_OLD_MATCHERS = {
+    "match": "matchers: ['name=\"value\"']",
+    "match_re": "matchers: ['name=~\"regex\"']",
+}
+
+
+def _unknown_key(key: str) -> str:
+    """What to say about a key the model does not take."""
+    if key in _secret_fields():
+        return (
+            f"unknown key: secrets are references, never inline values: use {key}_file, "
+            f"{key}_env or {key}_credential"
+        )
+    if key in _OLD_MATCHERS:
+        return f"unknown key: Alertmanager's old form; write {_OLD_MATCHERS[key]}"
+    return "unknown key"
+
+
 def _format_errors(exc: ValidationError) -> list[str]:
     out = []
     for err in exc.errors(include_url=False, include_input=False):
         path = ".".join(str(p) for p in err["loc"]) or "(top level)"
         msg = err["msg"]
+        last = str(err["loc"][-1]) if err["loc"] else ""
         if err["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = _unknown_key(last)
+        elif err["type"] == "list_type" and last.endswith("matchers"):
+            msg = "expected a list of matchers, e.g. ['alertname=\"ChatStuck\"']"
         msg = msg.removeprefix("Value error, ")
         if not err["loc"] and re.match(r"^[a-z_][a-z0-9_.]*: ", msg):
             out.append(msg)  # a cross-field check that names its own path

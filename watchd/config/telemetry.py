@@ -47,14 +47,40 @@ class TelemetryConfig(Strict):
     sources: list[FileSourceConfig] = Field(default_factory=list)
 
     def exporter_kind(self, env: dict[str, str]) -> str:
-        if (
-            env.get("OTEL_SDK_DISABLED", "").lower() == "true"
-            or env.get("OTEL_TRACES_EXPORTER", "") == "none"
-        ):
+        """The exporter in effect: OTEL_SDK_DISABLED and OTEL_TRACES_EXPORTER win over
+        the YAML (a value this build cannot honour is an env_problems line, never ignored)."""
+        if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
             return "none"
+        chosen = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+        if chosen in EXPORTERS:
+            return chosen
         if self.exporter is not None:
             return self.exporter
         has_env = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
             "OTEL_EXPORTER_OTLP_ENDPOINT"
         )
         return "otlp" if (self.endpoint or has_env) else "none"
+
+
+# What OTEL_TRACES_EXPORTER and OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL may say here: the
+# OpenTelemetry Python SDK's OTLP exporter speaks grpc and http/protobuf, not http/json.
+EXPORTERS = ("otlp", "console", "none")
+PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def env_problems(env: dict[str, str]) -> list[str]:
+    """The standard OTEL_* variables this build would otherwise silently not honour."""
+    problems = []
+    chosen = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if chosen and chosen not in EXPORTERS:
+        problems.append(
+            f"OTEL_TRACES_EXPORTER={chosen[:40]}: not supported here; use " + ", ".join(EXPORTERS)
+        )
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        value = env.get(name, "").strip()
+        if value and value not in PROTOCOLS:
+            problems.append(
+                f"{name}={value[:40]}: not supported by the OTLP exporter here; use "
+                + " or ".join(PROTOCOLS)
+            )
+    return problems
