@@ -138,6 +138,7 @@ class Live(Collector):
             ("sent", hb.sent if hb else 0),
             ("failed", hb.failed if hb else 0),
             ("withheld", hb.withheld if hb else 0),
+            ("ping_skipped", hb.pings_skipped if hb else 0),
         ):
             beats.add_metric([beat], beat_count)
         yield beats
