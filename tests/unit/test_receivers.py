@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from tests.fakes.receivers import FakePagerDuty, FakeSlack, FakeWebhook
+from tests.fakes.receivers import SLACK_PATH, FakePagerDuty, FakeSlack, FakeWebhook
 from watchd.alerting.model import Alert
 from watchd.alerting.receivers.base import Notification, NotifyError
 from watchd.alerting.receivers.pagerduty import PagerDutyNotifier, dedup_key
@@ -127,6 +127,30 @@ async def test_slack_error_classification(
         await n.notify(note(chat_alert(1)))
     assert err.value.retryable is retryable
     assert slack.webhook_url not in str(err.value) and "XXXX" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "word"),
+    [
+        (404, "channel_not_found:" + SLACK_PATH, "channel_not_found"),
+        (403, "invalid_token" + SLACK_PATH[10:], "invalid_token"),
+        (404, "no_service_id/T0000/B0000/XXXXX", "no_service_id"),
+        (400, "T0000/B0000/XXXXX-is-not-a-webhook", "unrecognised answer"),
+        (200, "B0000/XXXXX", "unrecognised answer"),
+    ],
+)
+async def test_slack_errors_quote_only_slacks_error_word(
+    slack: FakeSlack, session: aiohttp.ClientSession, status: int, body: str, word: str
+) -> None:
+    """An answer quoting the webhook path leaves only Slack's error word in the error: no
+    workspace or channel id, no fragment of the key."""
+    slack.script.answers.append((status, body, {}))
+    n = SlackNotifier("chat", webhook_url=slack.webhook_url, session=session, timeout=5)
+    with pytest.raises(NotifyError) as err:
+        await n.notify(note(chat_alert(1)))
+    text = str(err.value)
+    assert f": {word} (HTTP {status})" in text
+    assert "T0000" not in text and "B0000" not in text and "XXXXX" not in text
 
 
 async def test_slack_429_carries_retry_after(
