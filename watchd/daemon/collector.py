@@ -254,10 +254,17 @@ class Live(Collector):
             "1 for each (identity, replica) that owns it, as every replica computes it.",
             ["identity", "replica"],
         )
+        watched = _gauge(
+            "watchd_identity_watched",
+            "1 for each configured identity this replica watches, else 0 (alerts/: more or "
+            "fewer replicas than its owners watching one is an overlap or a gap).",
+        )
         for name, reps in sorted(d.config.identity_owners().items()):
             for r in reps:
                 owner.add_metric([name, str(r)], 1.0)
+            watched.add_metric([name], 1.0 if name in d.health else 0.0)
         yield owner
+        yield watched
 
     def _telemetry(self) -> Iterator[Metric]:
         t = telemetry_summary(self.d)
