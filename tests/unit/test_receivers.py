@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from structlog.testing import capture_logs
 
 from tests.fakes.receivers import SLACK_PATH, FakePagerDuty, FakeSlack, FakeWebhook
 from watchd.alerting.model import Alert
@@ -284,7 +285,7 @@ async def test_alertmanager_cluster_gets_every_alert_at_every_peer(
         peers[1].script.answers.append((503, "busy", {}))
         await n.notify(note(chat_alert(2)))  # no error: peer 0 took it
         assert [len(p.received) for p in peers] == [2, 1]
-        assert n.peer_errors[peers[1].url + "/api/v2/alerts"]
+        assert n.peer_errors[1]
         for p in peers:
             p.script.answers.append((503, "busy", {}))
         with pytest.raises(NotifyError) as err:
@@ -293,6 +294,47 @@ async def test_alertmanager_cluster_gets_every_alert_at_every_peer(
     finally:
         for p in peers:
             await p.stop()
+
+
+async def test_a_failing_alertmanager_peer_is_visible_and_logged_once(
+    session: aiohttp.ClientSession,
+) -> None:
+    """A peer that fails while the cluster still delivers shows as down (host, error) in
+    peers(), is logged once when it starts failing and once when it recovers."""
+    peers = [await FakeWebhook(path="/api/v2/alerts").start() for _ in range(2)]
+    try:
+        n = AlertmanagerNotifier("am", urls=[p.url for p in peers], session=session, timeout=5)
+        assert [p["up"] for p in n.peers()] == [None, None]
+        peers[1].script.answers += [(503, "busy", {})] * 3
+        with capture_logs() as lines:
+            for i in range(3):
+                await n.notify(note(chat_alert(i)))
+            down = n.peers()
+            await n.notify(note(chat_alert(9)))
+        assert [p["up"] for p in down] == [True, False]
+        assert down[1]["host"] == peers[1].url.removeprefix("http://")
+        assert "HTTP 503: busy" in down[1]["last_error"] and down[0]["last_error"] == ""
+        assert [p["up"] for p in n.peers()] == [True, True]
+        events = [(e["event"], e.get("peer")) for e in lines if "peer" in e["event"]]
+        assert events == [("alertmanager.peer_failing", 1), ("alertmanager.peer_recovered", 1)]
+    finally:
+        for p in peers:
+            await p.stop()
+
+
+async def test_alertmanager_api_path_goes_before_the_query(
+    session: aiohttp.ClientSession,
+) -> None:
+    """An Alertmanager URL with a query string gets /api/v2/alerts on its path, the query
+    kept after it."""
+    am = await FakeWebhook(path="/am/api/v2/alerts").start()
+    try:
+        n = AlertmanagerNotifier("am", urls=[am.url + "/am/?tenant=t1"], session=session, timeout=5)
+        assert n.url == am.url + "/am/api/v2/alerts?tenant=t1"
+        await n.notify(note(chat_alert(1)))
+        assert len(am.received) == 1
+    finally:
+        await am.stop()
 
 
 def test_common_labels_and_annotations_keep_the_first_alerts_order() -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from watchd.alerting.receivers.simple import AlertmanagerNotifier
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
 from watchd.daemon.view import DaemonView, read_caps, telemetry_summary
 from watchd.detection.alerts import SEVERITY
@@ -348,6 +349,16 @@ class Live(Collector):
             if st.last_success is not None:
                 last.add_metric([n], st.last_success)
         yield last
+        # Bounded by the configured receivers' peers (`urls:`); the peer is its index.
+        failing = _gauge(
+            "watchd_receiver_peer_failing",
+            "1 while an Alertmanager peer's last push failed, by receiver and peer index.",
+            ["receiver", "peer"],
+        )
+        for n, x in sorted(disp.notifiers.items()):
+            for i, err in enumerate(x.peer_errors if isinstance(x, AlertmanagerNotifier) else []):
+                failing.add_metric([n, str(i)], 1.0 if err else 0.0)
+        yield failing
         muted = _counter(
             "watchd_alerts_muted_total",
             "Alerts held back by silences or inhibition at flush time.",
