@@ -56,14 +56,13 @@ async def test_idle_connections_over_the_fd_limit_leave_health_and_paging_workin
             await sim.add_chat("alice", status="running", title="stuck behind the flood")
             await eventually(lambda: hook.received, within=30)
             _, metrics = await d.get("/metrics")
-        evicted = re.search(
-            r'^watchd_inbound_connections_refused_total\{reason="evicted"\} (\S+)$', metrics, re.M
-        )
+        dropped = r'^watchd_inbound_connections_dropped_total\{reason="evicted_idle"\} (\S+)$'
+        evicted = re.search(dropped, metrics, re.M)
         assert evicted and float(evicted.group(1)) > 0, metrics
         events = d.log_events()
         (limit,) = [e for e in events if e.get("event") == "process.fd_limit"]
         assert limit["soft"] == NOFILE[1] and limit["raised_from"] == NOFILE[0]
-        assert [e for e in events if e.get("event") == "server.connections_refused"]
+        assert [e for e in events if e.get("event") == "server.connections_dropped"]
         assert d.stderr_path.stat().st_size < 200_000
         assert d.logs().count("out of system resource") <= 5
     finally:

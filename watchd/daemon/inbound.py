@@ -7,14 +7,15 @@ connections must never use them all: then ``accept()`` fails (asyncio logs a tra
 per retry), ``/healthz`` is unreachable and no receiver POST can open a socket. So:
 
 * at start the soft limit is raised to the hard one (:func:`raise_fd_limit`);
-* a connection that has not completed a request within :data:`HEADER_TIMEOUT` is closed
-  (aiohttp's keep-alive timer, which also starts when a connection is accepted);
+* a connection that has not sent a request within :data:`HEADER_TIMEOUT` is closed
+  (aiohttp's keep-alive timer, which also starts when a connection is accepted), and a
+  request not answered within :data:`REQUEST_TIMEOUT` (a body trickled in) gets a 408;
 * at most :func:`inbound_cap` connections are open at once, a reserve of descriptors
   kept for everything else. One more takes the place of the oldest connection with no
   request in progress (idle: it has nothing to lose but a reconnect), so a probe gets
   in at once during a flood of idle connections; only when every connection is busy is
-  the newcomer answered ``503`` and closed. Both are counted and logged at most once
-  per :data:`OVERFLOW_LOG_EVERY`;
+  the newcomer answered ``503`` and closed. Each drop is counted by reason and logged
+  at most once per :data:`OVERFLOW_LOG_EVERY`;
 * an ``accept()`` that still fails for want of descriptors is counted and logged the
   same way, never as a traceback per retry.
 
@@ -40,6 +41,9 @@ log = logs.get("watchd.server")
 # A probe or a scrape sends its request at once; a client that has not within 5 s is
 # idle or trickling bytes (slowloris) and is holding a descriptor for nothing.
 HEADER_TIMEOUT = 5.0
+# A request (its body read included) that takes longer holds a connection that cannot be
+# evicted: 408. The slowest honest answer, /metrics of a large fleet, takes seconds.
+REQUEST_TIMEOUT = 30.0
 # Connections accepted in one go before any is looked at: part of the reserve.
 ACCEPT_BACKLOG = 64
 # Descriptors kept for everything but inbound connections: the state database and its
@@ -61,7 +65,7 @@ BUSY = (
     b"Content-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(_WHY), _WHY)
 )
 ACCEPT_FAILED = "socket.accept() out of system resource"
-REASONS = ("evicted", "limit", "accept_failed")
+REASONS = ("evicted_idle", "over_limit", "slow_request", "accept_failed")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -101,7 +105,7 @@ class Inbound(Collector):
     def __init__(self, *, identities: int) -> None:
         self.fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.cap = inbound_cap(self.fd_limit, identities)
-        self.refused = dict.fromkeys(REASONS, 0)
+        self.dropped = dict.fromkeys(REASONS, 0)
         self._server: web.Server | None = None
         # Connections with a request in progress (never evicted).
         self._busy: set[object] = set()
@@ -120,7 +124,7 @@ class Inbound(Collector):
 
         def protocol() -> asyncio.BaseProtocol:
             if len(server.connections) >= self.cap and not self._evict_idle(server):
-                self._overflow("limit")
+                self._overflow("over_limit")
                 return Refused()
             return server()
 
@@ -132,12 +136,13 @@ class Inbound(Collector):
             # A handler already closed has no transport; it leaves the list shortly.
             if handler not in self._busy and handler.transport is not None:
                 handler.force_close()
-                self._overflow("evicted")
+                self._overflow("evicted_idle")
                 return True
         return False
 
     def middleware(self) -> Middleware:
-        """The app's middleware that marks a connection busy while a request is handled."""
+        """The app's middleware: a connection is busy (never evicted) while a request is
+        handled on it, for at most REQUEST_TIMEOUT."""
         busy = self._busy
 
         @web.middleware
@@ -145,7 +150,15 @@ class Inbound(Collector):
             protocol = request.protocol
             busy.add(protocol)
             try:
-                return await handler(request)
+                async with asyncio.timeout(REQUEST_TIMEOUT) as deadline:
+                    return await handler(request)
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                self._overflow("slow_request")
+                return web.Response(
+                    status=408, text="request took too long\n", headers={"Connection": "close"}
+                )
             finally:
                 busy.discard(protocol)
 
@@ -168,7 +181,7 @@ class Inbound(Collector):
             loop.default_exception_handler(context)
 
     def _overflow(self, reason: str, **extra: str) -> None:
-        self.refused[reason] += 1
+        self.dropped[reason] += 1
         self._unlogged[reason] += 1
         now = asyncio.get_running_loop().time()
         if now - self._logged_at < OVERFLOW_LOG_EVERY:
@@ -177,7 +190,7 @@ class Inbound(Collector):
         counts = {k: v for k, v in self._unlogged.items() if v}
         self._unlogged = dict.fromkeys(REASONS, 0)
         log.warning(
-            "server.connections_refused",
+            "server.connections_dropped",
             since_last=counts,
             open=self.open,
             cap=self.cap,
@@ -189,16 +202,14 @@ class Inbound(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Any]:
-        refused = CounterMetricFamily(
-            "watchd_inbound_connections_refused",
-            "Inbound connections closed at the cap: an idle one for a newcomer (evicted), "
-            "the newcomer when all were busy (limit), or accept() out of descriptors "
-            "(accept_failed). docs/limits.md.",
+        dropped = CounterMetricFamily(
+            "watchd_inbound_connections_dropped",
+            "Inbound connections closed by watchd's bounds, by reason (docs/limits.md).",
             labels=["reason"],
         )
         for reason in REASONS:
-            refused.add_metric([reason], self.refused[reason])
-        yield refused
+            dropped.add_metric([reason], self.dropped[reason])
+        yield dropped
         yield GaugeMetricFamily(
             "watchd_inbound_connections", "Inbound connections open.", value=self.open
         )
