@@ -100,7 +100,7 @@ class Refused(asyncio.Protocol):
 
 
 class Inbound(Collector):
-    """The cap, what it refused, and ``/metrics``' view of both."""
+    """The cap, what was dropped and why, and ``/metrics``' view of both."""
 
     def __init__(self, *, identities: int) -> None:
         self.fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]

@@ -96,7 +96,6 @@ class Server:
         await self._runner.setup()
         assert self._runner.server is not None
         loop = asyncio.get_running_loop()
-        self.inbound.install(loop)
         # Our own listener rather than a TCPSite: its protocol factory enforces the cap.
         self._listener = await loop.create_server(
             self.inbound.factory(self._runner.server),
@@ -104,6 +103,7 @@ class Server:
             self.port,
             backlog=ACCEPT_BACKLOG,
         )
+        self.inbound.install(loop)
         port = self._listener.sockets[0].getsockname()[1]
         self.bound = f"{self.host}:{port}"
         return self.bound
