@@ -129,8 +129,11 @@ class DaemonProcess:
         state_dir: Path | None = None,
         env: dict[str, str] | None = None,
         identity_extra: dict[str, Any] | None = None,
+        nofile: tuple[int, int] | None = None,
     ) -> None:
+        """``nofile``: the (soft, hard) RLIMIT_NOFILE the daemon starts with."""
         self.tmp = tmp
+        self.nofile = nofile
         self.sim = sim
         self.env = env or {}
         self.port = free_port()
@@ -182,6 +185,7 @@ class DaemonProcess:
         with self.stdout_path.open("ab") as out, self.stderr_path.open("ab") as err:
             self.proc = subprocess.Popen(
                 [
+                    *self._with_limits(),
                     sys.executable,
                     "-m",
                     "watchd",
@@ -196,6 +200,18 @@ class DaemonProcess:
                 env=env,
             )
         return self
+
+    def _with_limits(self) -> list[str]:
+        """A prefix that sets the asked-for RLIMIT_NOFILE, then execs the daemon."""
+        if self.nofile is None:
+            return []
+        soft, hard = self.nofile
+        code = (
+            "import os, resource, sys; "
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard})); "
+            "os.execv(sys.argv[1], sys.argv[1:])"
+        )
+        return [sys.executable, "-c", code]
 
     async def get(self, path: str) -> tuple[int, Any]:
         async with (

@@ -265,6 +265,18 @@ def test_start_returns_only_after_ready(box: Box) -> None:
     assert re.search(r'Status: "team-a ready \(0\); 0 alerts firing"', status), status
 
 
+def test_the_daemon_gets_the_units_file_descriptor_limit(box: Box) -> None:
+    """LimitNOFILE= reaches the running daemon: its soft limit is 65 536, not systemd's
+    default 1 024 (and the start-up line says so)."""
+    box.ensure_active()
+    pid = box.show("MainPID")["MainPID"]
+    limits = box.m.run("cat", f"/proc/{pid}/limits").stdout
+    m = re.search(r"^Max open files\s+(\d+)\s+(\d+)", limits, re.M)
+    assert m and int(m.group(1)) == int(m.group(2)) == 65536, limits
+    log = box.m.run("journalctl", "-u", "watchd", "-o", "cat", "--no-pager", check=False).stdout
+    assert '"soft": 65536' in log and "process.fd_limit" in log, log[-800:]
+
+
 def test_credentials_are_0400_and_owned_by_the_dynamic_user(box: Box) -> None:
     """LoadCredential files arrive mode 0400, owned by the service's dynamic uid."""
     box.ensure_active()

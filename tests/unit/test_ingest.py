@@ -116,7 +116,7 @@ async def test_a_batch_without_room_is_refused_before_its_events_are_checked() -
 
 def _server(sink: QueueSink) -> Server:
     daemon: Any = SimpleNamespace(
-        config=SimpleNamespace(server=SimpleNamespace(max_body_bytes=1 << 20)),
+        config=SimpleNamespace(server=SimpleNamespace(max_body_bytes=1 << 20), identities=[]),
         secrets=SimpleNamespace(ingest_token=None),
         telemetry=SimpleNamespace(sink=sink),
     )

@@ -66,6 +66,17 @@ def test_systemd_unit_contract() -> None:
         assert line in text
 
 
+def test_systemd_unit_gives_room_for_sockets() -> None:
+    """LimitNOFILE is set well above systemd's default soft 1 024: at least the inbound
+    cap and its reserve for a few hundred identities."""
+    from watchd.daemon.inbound import MAX_INBOUND, RESERVE_FIXED, RESERVE_PER_IDENTITY
+
+    text = (ROOT / "systemd" / "watchd.service").read_text()
+    m = re.search(r"^LimitNOFILE=(\d+)$", text, re.M)
+    assert m, "no LimitNOFILE= in the unit"
+    assert int(m.group(1)) >= MAX_INBOUND + RESERVE_FIXED + 500 * RESERVE_PER_IDENTITY
+
+
 def test_dockerfile_lints_clean_and_is_hardened() -> None:
     """hadolint passes; multi-stage, numeric non-root USER, HEALTHCHECK, STOPSIGNAL, no gcc."""
     r = subprocess.run(

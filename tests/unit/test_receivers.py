@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from structlog.testing import capture_logs
 
-from tests.fakes.receivers import FakePagerDuty, FakeSlack, FakeWebhook
+from tests.fakes.receivers import SLACK_PATH, FakePagerDuty, FakeSlack, FakeWebhook
 from watchd.alerting.model import Alert
 from watchd.alerting.receivers.base import Notification, NotifyError
 from watchd.alerting.receivers.pagerduty import PagerDutyNotifier, dedup_key
@@ -128,6 +129,30 @@ async def test_slack_error_classification(
         await n.notify(note(chat_alert(1)))
     assert err.value.retryable is retryable
     assert slack.webhook_url not in str(err.value) and "XXXX" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "word"),
+    [
+        (404, "channel_not_found:" + SLACK_PATH, "channel_not_found"),
+        (403, "invalid_token" + SLACK_PATH[10:], "invalid_token"),
+        (404, "no_service_id/T0000/B0000/XXXXX", "no_service_id"),
+        (400, "T0000/B0000/XXXXX-is-not-a-webhook", "unrecognised answer"),
+        (200, "B0000/XXXXX", "unrecognised answer"),
+    ],
+)
+async def test_slack_errors_quote_only_slacks_error_word(
+    slack: FakeSlack, session: aiohttp.ClientSession, status: int, body: str, word: str
+) -> None:
+    """An answer quoting the webhook path leaves only Slack's error word in the error: no
+    workspace or channel id, no fragment of the key."""
+    slack.script.answers.append((status, body, {}))
+    n = SlackNotifier("chat", webhook_url=slack.webhook_url, session=session, timeout=5)
+    with pytest.raises(NotifyError) as err:
+        await n.notify(note(chat_alert(1)))
+    text = str(err.value)
+    assert f": {word} (HTTP {status})" in text
+    assert "T0000" not in text and "B0000" not in text and "XXXXX" not in text
 
 
 async def test_slack_429_carries_retry_after(
@@ -269,7 +294,7 @@ async def test_alertmanager_cluster_gets_every_alert_at_every_peer(
         peers[1].script.answers.append((503, "busy", {}))
         await n.notify(note(chat_alert(2)))  # no error: peer 0 took it
         assert [len(p.received) for p in peers] == [2, 1]
-        assert n.peer_errors[peers[1].url + "/api/v2/alerts"]
+        assert n.peer_errors[1]
         for p in peers:
             p.script.answers.append((503, "busy", {}))
         with pytest.raises(NotifyError) as err:
@@ -278,6 +303,47 @@ async def test_alertmanager_cluster_gets_every_alert_at_every_peer(
     finally:
         for p in peers:
             await p.stop()
+
+
+async def test_a_failing_alertmanager_peer_is_visible_and_logged_once(
+    session: aiohttp.ClientSession,
+) -> None:
+    """A peer that fails while the cluster still delivers shows as down (host, error) in
+    peers(), is logged once when it starts failing and once when it recovers."""
+    peers = [await FakeWebhook(path="/api/v2/alerts").start() for _ in range(2)]
+    try:
+        n = AlertmanagerNotifier("am", urls=[p.url for p in peers], session=session, timeout=5)
+        assert [p["up"] for p in n.peers()] == [None, None]
+        peers[1].script.answers += [(503, "busy", {})] * 3
+        with capture_logs() as lines:
+            for i in range(3):
+                await n.notify(note(chat_alert(i)))
+            down = n.peers()
+            await n.notify(note(chat_alert(9)))
+        assert [p["up"] for p in down] == [True, False]
+        assert down[1]["host"] == peers[1].url.removeprefix("http://")
+        assert "HTTP 503: busy" in down[1]["last_error"] and down[0]["last_error"] == ""
+        assert [p["up"] for p in n.peers()] == [True, True]
+        events = [(e["event"], e.get("peer")) for e in lines if "peer" in e["event"]]
+        assert events == [("alertmanager.peer_failing", 1), ("alertmanager.peer_recovered", 1)]
+    finally:
+        for p in peers:
+            await p.stop()
+
+
+async def test_alertmanager_api_path_goes_before_the_query(
+    session: aiohttp.ClientSession,
+) -> None:
+    """An Alertmanager URL with a query string gets /api/v2/alerts on its path, the query
+    kept after it."""
+    am = await FakeWebhook(path="/am/api/v2/alerts").start()
+    try:
+        n = AlertmanagerNotifier("am", urls=[am.url + "/am/?tenant=t1"], session=session, timeout=5)
+        assert n.url == am.url + "/am/api/v2/alerts?tenant=t1"
+        await n.notify(note(chat_alert(1)))
+        assert len(am.received) == 1
+    finally:
+        await am.stop()
 
 
 def test_common_labels_and_annotations_keep_the_first_alerts_order() -> None:

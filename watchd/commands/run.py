@@ -36,6 +36,7 @@ def _hard_exit_timer() -> None:
 
 def main(args: argparse.Namespace) -> int:
     from watchd.daemon.app import Daemon
+    from watchd.daemon.inbound import inbound_cap, raise_fd_limit
     from watchd.daemon.preflight import StartupError
 
     path = config_path(args.config)
@@ -48,6 +49,15 @@ def main(args: argparse.Namespace) -> int:
         for p in problems:
             print(f"watchd: cannot start: {p}", file=sys.stderr)
         return 2
+    # Every socket and file shares RLIMIT_NOFILE; systemd's default soft limit (1 024)
+    # is far below its hard one (docs/limits.md).
+    before, soft = raise_fd_limit()
+    logs.get("watchd").info(
+        "process.fd_limit",
+        soft=soft,
+        raised_from=before if before != soft else None,
+        inbound_connections=inbound_cap(soft, len(config.identities)),
+    )
 
     async def main() -> int:
         stop = asyncio.Event()

@@ -174,6 +174,7 @@ class Daemon:
             silences=SilencesApi(self.silences, lambda: self.secrets.admin_token),
             render_metrics=self.metrics.render,
         )
+        self.metrics.registry.register(self.server.inbound)
         self._session: aiohttp.ClientSession | None = None
         log.info(
             "state.loaded",

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from watchd.alerting.receivers.simple import AlertmanagerNotifier
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
 from watchd.daemon.view import DaemonView, read_caps, telemetry_summary
 from watchd.detection.alerts import SEVERITY
@@ -139,6 +140,7 @@ class Live(Collector):
             ("sent", hb.sent if hb else 0),
             ("failed", hb.failed if hb else 0),
             ("withheld", hb.withheld if hb else 0),
+            ("ping_skipped", hb.pings_skipped if hb else 0),
         ):
             beats.add_metric([beat], beat_count)
         yield beats
@@ -269,10 +271,17 @@ class Live(Collector):
             "1 for each (identity, replica) that owns it, as every replica computes it.",
             ["identity", "replica"],
         )
+        watched = _gauge(
+            "watchd_identity_watched",
+            "1 for each configured identity this replica watches, else 0 (alerts/: more or "
+            "fewer replicas than its owners watching one is an overlap or a gap).",
+        )
         for name, reps in sorted(d.config.identity_owners().items()):
             for r in reps:
                 owner.add_metric([name, str(r)], 1.0)
+            watched.add_metric([name], 1.0 if name in d.health else 0.0)
         yield owner
+        yield watched
 
     def _telemetry(self) -> Iterator[Metric]:
         t = telemetry_summary(self.d)
@@ -356,6 +365,16 @@ class Live(Collector):
             if st.last_success is not None:
                 last.add_metric([n], st.last_success)
         yield last
+        # Bounded by the configured receivers' peers (`urls:`); the peer is its index.
+        failing = _gauge(
+            "watchd_receiver_peer_failing",
+            "1 while an Alertmanager peer's last push failed, by receiver and peer index.",
+            ["receiver", "peer"],
+        )
+        for n, x in sorted(disp.notifiers.items()):
+            for i, err in enumerate(x.peer_errors if isinstance(x, AlertmanagerNotifier) else []):
+                failing.add_metric([n, str(i)], 1.0 if err else 0.0)
+        yield failing
         muted = _counter(
             "watchd_alerts_muted_total",
             "Alerts held back by silences or inhibition at flush time.",

@@ -8,6 +8,11 @@ IdentityUnhealthy firing), state persisting — and only then sends the always-f
 switch services and PagerDuty-style heartbeat integrations expect) and GETs the ping URL
 (the push style of healthchecks.io and Uptime Kuma). A wedged, stopped or blind watchd
 sends nothing, and the service on the other side raises the alarm.
+
+Beats keep a fixed cadence: each is scheduled from the last *scheduled* time, never from
+when the last send returned, and the ping runs as its own guarded task that no beat
+waits for — a ping URL that hangs must not stretch the Watchdog alert's interval. A ping
+still in flight when the next is due is skipped and counted, never stacked.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from watchd.alerting.model import Alert, fingerprint
 from watchd.alerting.receivers.base import MAX_ANSWER, Notification, Notifier, NotifyError
 from watchd.config.process import HeartbeatConfig
 from watchd.kits import logs
+from watchd.kits.tasks import spawn
 
 log = logs.get("watchd.heartbeat")
 
@@ -50,6 +56,9 @@ class Heartbeat:
         self.sent = 0
         self.failed = 0
         self.withheld = 0
+        # Pings not started because the previous one was still in flight (a hanging URL).
+        self.pings_skipped = 0
+        self._pinging: asyncio.Task[None] | None = None
         self.last_sent: float | None = None
         self.withheld_because = ""
 
@@ -67,28 +76,64 @@ class Heartbeat:
         )
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         interval = self.config.interval
-        while True:
-            why = self.healthy()
-            if why is not None:
-                self.withheld += 1
-                if why != self.withheld_because:
-                    log.warning("heartbeat.withheld", because=why)
-                self.withheld_because = why
-            else:
-                if self.withheld_because:
-                    log.info("heartbeat.resumed", after=self.withheld_because)
-                    self.withheld_because = ""
-                await self.beat()
-            await asyncio.sleep(interval)
+        due = loop.time()
+        try:
+            while True:
+                await self.tick()
+                # The next beat is due one interval after this one was *due*: a slow send
+                # does not push every later beat back. Beats already missed are not
+                # made up in a burst; the cadence resumes at the next slot.
+                due += interval
+                now = loop.time()
+                if due < now:
+                    due += (now - due) // interval * interval + interval
+                await asyncio.sleep(due - now)
+        finally:
+            await self._stop_ping()
+
+    async def tick(self) -> None:
+        """One beat, when healthy; why not logged once per change of reason."""
+        why = self.healthy()
+        if why is not None:
+            self.withheld += 1
+            if why != self.withheld_because:
+                log.warning("heartbeat.withheld", because=why)
+            self.withheld_because = why
+            return
+        if self.withheld_because:
+            log.info("heartbeat.resumed", after=self.withheld_because)
+            self.withheld_because = ""
+        await self.beat()
 
     async def beat(self) -> None:
-        jobs = [self._notify(name, n) for name, n in self.notifiers.items()]
         if self._url is not None:
-            jobs.append(self._ping(self._url))
+            self._start_ping(self._url)
+        jobs = [self._notify(name, n) for name, n in self.notifiers.items()]
         results = await asyncio.gather(*jobs)
         if any(results):
             self.last_sent = time.time()
+
+    def _start_ping(self, url: str) -> None:
+        """The ping in its own guarded task, bounded by ``timeout``; never two at once."""
+        if self._pinging is not None and not self._pinging.done():
+            self.pings_skipped += 1
+            log.warning("heartbeat.ping_skipped", because="the previous ping is still in flight")
+            return
+
+        async def ping() -> None:
+            if await self._ping(url):
+                self.last_sent = time.time()
+
+        self._pinging = spawn("deadman-ping", ping, eternal=False, restart=False)
+
+    async def _stop_ping(self) -> None:
+        """The ping task is ours: cancelled and awaited when the beats stop."""
+        task, self._pinging = self._pinging, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _notify(self, name: str, notifier: Notifier) -> bool:
         n = Notification(

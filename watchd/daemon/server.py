@@ -21,6 +21,7 @@ import orjson
 from aiohttp import web
 
 from watchd.daemon.admission import Counts, admission
+from watchd.daemon.inbound import ACCEPT_BACKLOG, HEADER_TIMEOUT, Inbound
 from watchd.daemon.metrics import CONTENT_TYPE
 from watchd.daemon.silences_api import SilencesApi
 from watchd.daemon.status import StatusQuery, status_document
@@ -51,7 +52,13 @@ class Server:
         host, _, port = listen.rpartition(":")
         self.host = host.strip("[]")
         self.port = int(port)
-        self.app = web.Application(client_max_size=daemon.config.server.max_body_bytes)
+        # Inbound connections capped below the fd limit (docs/limits.md); its counters
+        # are registered on /metrics by the daemon.
+        self.inbound = Inbound(identities=len(daemon.config.identities))
+        self.app = web.Application(
+            client_max_size=daemon.config.server.max_body_bytes,
+            middlewares=[self.inbound.middleware()],
+        )
         self.app.router.add_get("/healthz", self.healthz)
         self.app.router.add_get("/readyz", self.readyz)
         self.app.router.add_get("/status", self.status)
@@ -77,25 +84,44 @@ class Server:
             # For testing probes: wedge the event loop on purpose (never on by default).
             self.app.router.add_post("/debug/block", self.debug_block)
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self.bound = ""
 
     async def start(self) -> str:
+        # keepalive_timeout: aiohttp starts it when a connection is accepted, so it is also
+        # the time a new connection has to send its request (inbound.HEADER_TIMEOUT).
         self._runner = web.AppRunner(
-            self.app, handle_signals=False, access_log=None, shutdown_timeout=1.0
+            self.app,
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=1.0,
+            keepalive_timeout=HEADER_TIMEOUT,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        server = site._server
-        sockets = server.sockets if server is not None else []  # type: ignore[attr-defined]
-        port = sockets[0].getsockname()[1] if sockets else self.port
+        assert self._runner.server is not None
+        loop = asyncio.get_running_loop()
+        # Our own listener rather than a TCPSite: its protocol factory enforces the cap.
+        self._listener = await loop.create_server(
+            self.inbound.factory(self._runner.server),
+            self.host,
+            self.port,
+            backlog=ACCEPT_BACKLOG,
+        )
+        self.inbound.install(loop)
+        port = self._listener.sockets[0].getsockname()[1]
         self.bound = f"{self.host}:{port}"
         return self.bound
 
     async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self.inbound.uninstall(asyncio.get_running_loop())
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._listener is not None:
+            await self._listener.wait_closed()
+            self._listener = None
 
     async def healthz(self, request: web.Request) -> web.Response:
         problems = liveness_problems(self.daemon)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchd.alerting.model import Alert, live
+from watchd.alerting.receivers.simple import AlertmanagerNotifier
 from watchd.config.fields import format_duration
 from watchd.daemon.admission import Counts, admission
 from watchd.daemon.view import (
@@ -219,7 +220,10 @@ async def status_document(
     det = d.detector
     counts = counts or Counts()
     identities = [_identity(d, name, counts) for name in d.health]
-    kinds = {n: x.kind for n, x in d.dispatcher.notifiers.items()} if d.dispatcher else {}
+    notifiers = d.dispatcher.notifiers if d.dispatcher else {}
+    kinds = {n: x.kind for n, x in notifiers.items()}
+    # An Alertmanager cluster's receiver delivers while one peer does: each peer's own state.
+    peers = {n: x.peers() for n, x in notifiers.items() if isinstance(x, AlertmanagerNotifier)}
     return {
         "version": d.version,
         "uptime_seconds": round(time.monotonic() - d.started, 1),
@@ -255,6 +259,7 @@ async def status_document(
                 "last_success": st.last_success,
                 "last_failure": st.last_failure,
                 "retries_pending": len(st.retrying),
+                **({"peers": peers[name]} if name in peers else {}),
             }
             for name, st in (d.dispatcher.stats.items() if d.dispatcher else [])
         },

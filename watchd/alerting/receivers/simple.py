@@ -8,6 +8,7 @@ import hmac
 import sys
 import time
 from typing import Any, TextIO
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -21,7 +22,10 @@ from watchd.alerting.receivers.base import (
     post,
     rfc3339,
 )
+from watchd.kits import logs
 from watchd.kits.heap import collector_paused
+
+log = logs.get("watchd.alerting")
 
 SIGNATURE_HEADER = "X-Watchd-Signature"
 
@@ -148,7 +152,9 @@ class AlertmanagerNotifier:
     With several ``urls`` (the peers of one Alertmanager cluster) every alert goes to
     every peer, as Prometheus sends them: peers do not share alerts, only silences and
     the notification log. One peer accepting is a delivery (its cluster notifies once);
-    only all of them failing is a failure.
+    only all of them failing is a failure — so a dead peer is tracked per peer: its last
+    error (``peers()``, in ``/status`` and ``/metrics``) and one log line when it starts
+    failing and one when it recovers.
     """
 
     kind = "alertmanager"
@@ -164,10 +170,13 @@ class AlertmanagerNotifier:
         timeout: float,
     ) -> None:
         self.name = name
-        self.urls = [u.rstrip("/") + "/api/v2/alerts" for u in urls]
+        self.urls = [api_url(u) for u in urls]
         self.url = self.urls[0]
-        # Per peer: the last error, "" when its last push was accepted.
-        self.peer_errors: dict[str, str] = {}
+        # Where each peer is, for people: host and port only (a URL may carry credentials).
+        self.hosts = [urlsplit(u).netloc.rpartition("@")[2] for u in urls]
+        # Per peer, by index: the last error, "" when its last push was accepted, None
+        # before its first push.
+        self.peer_errors: list[str | None] = [None] * len(self.urls)
         self.session = session
         self.timeout = timeout
         self.rate = Rate(per_second=20.0, burst=20)
@@ -188,13 +197,10 @@ class AlertmanagerNotifier:
         who = f"alertmanager receiver {self.name!r}"
         data = dumps(body)
         if len(self.urls) == 1:
-            answer = await post(
-                self.session, self.url, body=data, headers={}, deadline=self.timeout, who=who
-            )
-            classify_http(answer, who=who)
+            await self._push(0, data=data, who=who)
             return
         results = await asyncio.gather(
-            *(self._push(url, data=data, who=f"{who} peer {i}") for i, url in enumerate(self.urls)),
+            *(self._push(i, data=data, who=f"{who} peer {i}") for i in range(len(self.urls))),
             return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -209,13 +215,49 @@ class AlertmanagerNotifier:
             retryable=retryable,
         )
 
-    async def _push(self, url: str, *, data: bytes, who: str) -> None:
+    async def _push(self, peer: int, *, data: bytes, who: str) -> None:
         try:
             answer = await post(
-                self.session, url, body=data, headers={}, deadline=self.timeout, who=who
+                self.session, self.urls[peer], body=data, headers={}, deadline=self.timeout, who=who
             )
             classify_http(answer, who=who)
         except NotifyError as exc:
-            self.peer_errors[url] = str(exc)
+            self._peer_result(peer, str(exc))
             raise
-        self.peer_errors[url] = ""
+        self._peer_result(peer, "")
+
+    def _peer_result(self, peer: int, error: str) -> None:
+        """Note a peer's last push; log only when it starts failing or recovers."""
+        before, self.peer_errors[peer] = self.peer_errors[peer], error
+        if error and not before:
+            log.warning(
+                "alertmanager.peer_failing",
+                receiver=self.name,
+                peer=peer,
+                host=self.hosts[peer],
+                error=error[:300],
+            )
+        elif before and not error:
+            log.info(
+                "alertmanager.peer_recovered", receiver=self.name, peer=peer, host=self.hosts[peer]
+            )
+
+    def peers(self) -> list[dict[str, Any]]:
+        """Each peer's state, for /status: host, whether its last push was accepted (None
+        before the first) and its last error."""
+        return [
+            {
+                "peer": i,
+                "host": host,
+                "up": None if err is None else not err,
+                "last_error": err or "",
+            }
+            for i, (host, err) in enumerate(zip(self.hosts, self.peer_errors, strict=True))
+        ]
+
+
+def api_url(base: str) -> str:
+    """``/api/v2/alerts`` under an Alertmanager's base URL: appended to its path, before
+    any query string (a proxy's parameter), never after it."""
+    parts = urlsplit(base)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/api/v2/alerts"))

@@ -7,6 +7,9 @@ and a message never exceeds 50 blocks; past ``max_chats`` the rest is a
 "+N more" line. Success is a plain ``ok`` body; Slack's documented error
 strings are permanent (configuration problems) except ``rollup_error``/5xx
 and 429, which are retried (429 with its ``Retry-After``).
+
+Of an error answer only Slack's documented error word is ever quoted: the rest of
+the text may carry the workspace and channel ids and part of the webhook's key.
 """
 
 from __future__ import annotations
@@ -45,6 +48,19 @@ PERMANENT = {
     "invalid_blocks",
     "invalid_blocks_format",
 }
+# Every error word an incoming webhook answers with; longest first, so a word that
+# begins another (no_service, no_service_id) is matched whole.
+ERROR_WORDS = sorted(
+    PERMANENT | {"rollup_error", "missing_text_or_fallback_or_attachments", "rate_limited"},
+    key=len,
+    reverse=True,
+)
+
+
+def error_word(body: str) -> str:
+    """Slack's error word at the start of ``body``, else "unrecognised answer": nothing
+    else of the answer, which may quote the webhook URL, leaves this module."""
+    return next((w for w in ERROR_WORDS if body.startswith(w)), "unrecognised answer")
 
 
 def escape(text: str) -> str:
@@ -165,7 +181,7 @@ class SlackNotifier:
                 retryable=True,
                 retry_after=retry_after(answer.headers),
             )
-        code = body.split()[0][:60] if body else f"HTTP {answer.status}"
+        code = error_word(body)
         if answer.status >= 500 or code == "rollup_error":
             raise NotifyError(f"{who}: {code} (HTTP {answer.status})", retryable=True)
         if code in PERMANENT or 400 <= answer.status < 500:
@@ -173,4 +189,6 @@ class SlackNotifier:
                 f"{who}: {code} (HTTP {answer.status}): check the webhook and its channel",
                 retryable=False,
             )
-        raise NotifyError(f"{who}: unexpected answer HTTP {answer.status} {code}", retryable=True)
+        raise NotifyError(
+            f"{who}: unexpected answer: {code} (HTTP {answer.status})", retryable=True
+        )
