@@ -113,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="print which replicas would own each identity with N replicas "
         "(default: sharding.replicas)",
     )
+    check.add_argument(
+        "--offline",
+        action="store_true",
+        help="check the file and its semantics only (no secrets read, no state_dir, listen "
+        "address or environment looked at): for CI gates and a pre-reload hook on a live "
+        "host, as `promtool check config` or `nginx -t`",
+    )
     check.set_defaults(func=cmd_check_config)
 
     scan = sub.add_parser(

@@ -149,3 +149,53 @@ def test_run_without_a_readable_pod_ordinal_exits_2_naming_the_field(tmp_path: P
     )
     assert check.returncode == 2 and "`watchd run` would fail:" in check.stderr
     assert "does not end in a pod ordinal" in check.stderr
+
+
+def test_offline_checks_the_file_only_so_it_passes_on_a_live_host(tmp_path: Path) -> None:
+    """On a host where the daemon runs (its listen address taken) and outside its unit (a
+    *_credential unavailable), check-config fails, but --offline checks the file and its
+    semantics only and passes; a semantic mistake still fails it."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = tmp_path / "watchd.yaml"
+        config = {
+            "identities": [
+                {"name": "a", "url": "https://coder.example.com", "token_credential": "team-a"}
+            ],
+            "server": {"listen": f"127.0.0.1:{port}"},
+            "state_dir": str(tmp_path / "state"),
+        }
+        cfg.write_text(yaml.safe_dump(config))
+        live = run(cfg)
+        assert live.returncode == 2 and "in use" in live.stdout + live.stderr
+        offline = subprocess.run(
+            [sys.executable, "-m", "watchd", "check-config", "-c", str(cfg), "--offline"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert offline.returncode == 0, offline.stdout + offline.stderr
+        assert "offline" in offline.stdout
+        config["route"] = {"receiver": "nobody"}
+        cfg.write_text(yaml.safe_dump(config))
+        bad = subprocess.run(
+            [sys.executable, "-m", "watchd", "check-config", "-c", str(cfg), "--offline"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert bad.returncode == 2 and "nobody" in bad.stdout + bad.stderr
+
+
+def test_an_uncreatable_state_dir_is_found_by_trying(tmp_path: Path) -> None:
+    """A state_dir under /proc cannot be created even by root (os.access says it can):
+    the check tries, reports it, and leaves nothing behind where it could create."""
+    from watchd.daemon.preflight import check_state_dir
+
+    problem = check_state_dir(Path("/proc/watchd-check/state"))
+    assert problem is not None and problem.startswith("state_dir: cannot create /proc/")
+    assert check_state_dir(tmp_path / "x" / "y") is None and not (tmp_path / "x").exists()

@@ -9,6 +9,7 @@ keeps a resource: the probe socket is closed, the probe file removed.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -49,16 +50,30 @@ def open_state(directory: Path) -> tuple[StateLock, StateFile]:
 
 
 def check_state_dir(path: Path, *, setting: str = "state_dir") -> str | None:
-    """None when the directory is writable, or could be created (without creating it:
-    ``check-config`` has no side effects; ``run`` creates it)."""
+    """None when the directory is writable, or can be created. Checked by trying (as root,
+    ``os.access`` says yes to ``/proc/…``), and what the try made is removed again:
+    ``check-config`` has no side effects; ``run`` creates the directory."""
     if not path.exists():
-        parent = path.parent
+        missing = []
+        parent = path
         while not parent.exists() and parent != parent.parent:
+            missing.append(parent)
             parent = parent.parent
         if not parent.is_dir():
             return f"{setting}: cannot create {path} ({parent} is not a directory)"
-        if not os.access(parent, os.W_OK | os.X_OK):
-            return f"{setting}: cannot create {path} ({parent} is not writable by this user)"
+        made: list[Path] = []
+        try:
+            for d in reversed(missing):
+                d.mkdir()
+                made.append(d)
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".watchd-probe-"):
+                pass
+        except OSError as exc:
+            return f"{setting}: cannot create {path} ({exc.strerror or type(exc).__name__})"
+        finally:
+            for d in reversed(made):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
         return None
     if not path.is_dir():
         return f"{setting}: {path} is not a directory"
