@@ -136,15 +136,19 @@ def test_a_clock_step_every_new_sample_agrees_on_is_followed_within_three(step: 
 
 def test_fresh_stamps_far_behind_the_estimate_are_believed_instead() -> None:
     """A Date an hour ahead of the server's own stamps (a proxy's clock), or no Date from
-    a server an hour behind: a stamp written just now corrects the estimate, and the
-    correction goes when a fresh stamp agrees with the Date samples again."""
+    a server an hour behind: three stamps written just now, agreeing, correct the
+    estimate (one stale stamp, or stamps that disagree, never do), and the correction goes
+    when a fresh stamp agrees with the Date samples again."""
     wall = FakeWall(1767225600.0)
     clock = ServerClock(wall)
     for i in range(5):
         _sample(clock, wall.t + i * 0.3, 3600.0)
     wall.t += 2.0
     assert clock.now() == pytest.approx(wall.t + 3600.0, abs=1.0)
-    assert clock.fresh_stamp(wall.t + 0.2) is True
+    assert clock.fresh_stamp(wall.t - 7200.0) is False  # one stale stamp: nothing moves
+    assert clock.fresh_stamp(wall.t - 120.0) is False  # nor two that disagree
+    assert clock.now() == pytest.approx(wall.t + 3600.0, abs=1.0)
+    assert [clock.fresh_stamp(wall.t + 0.2) for _ in range(3)] == [False, False, True]
     assert clock.now() == pytest.approx(wall.t + 0.2, abs=0.01) and clock.contradicted == 1
     assert clock.offset == pytest.approx(0.2, abs=0.01)
     assert clock.fresh_stamp(wall.t + 3600.0) is False  # they agree again

@@ -69,8 +69,12 @@ def parse_http_date(value: str) -> float | None:
 # Samples in a row that make a step (a single or a double outlier stays outvoted).
 STEP_SAMPLES = 3
 # A fresh stamp this far behind the estimate contradicts it (a watch event is delivered
-# within milliseconds of its transition; this leaves room for a slow socket).
+# within milliseconds of its transition; this leaves room for a slow socket), when
+# FRESH_AGREE stamps in a row do, all by about as much (within FRESH_SPREAD): one stale
+# stamp (a server bug, a simulator's aged chat) never moves the clock.
 FRESH_LAG = 30.0
+FRESH_AGREE = 3
+FRESH_SPREAD = 5.0
 
 
 class ServerClock:
@@ -97,6 +101,7 @@ class ServerClock:
         # fresh stamps contradicted the Date-based estimate.
         self.steps = 0
         self.contradicted = 0
+        self._lags: deque[float] = deque(maxlen=FRESH_AGREE)
 
     @property
     def offset(self) -> float:
@@ -135,15 +140,21 @@ class ServerClock:
         """A stamp the server wrote just now (a transition's ``updated_at`` as its watch
         event arrives). One more than FRESH_LAG behind the estimate says the estimate runs
         ahead of the server's own clock (a proxy's ``Date``, or no ``Date`` from a server
-        behind this host): the stamps are believed instead, and True says so. The
-        correction goes as soon as a fresh stamp agrees with the Date samples again."""
+        behind this host) once FRESH_AGREE stamps in a row say so by about as much: the
+        stamps are believed instead, and True says so. The correction goes as soon as a
+        fresh stamp agrees with the Date samples again."""
         lag = self._wall.now() + self.date_offset - stamp
-        if lag > FRESH_LAG:
-            self.stamp_lag = lag
-            self.contradicted += 1
-            return True
-        self.stamp_lag = 0.0
-        return False
+        if lag <= FRESH_LAG:
+            self._lags.clear()
+            self.stamp_lag = 0.0
+            return False
+        lags = self._lags
+        lags.append(lag)
+        if len(lags) < FRESH_AGREE or max(lags) - min(lags) > FRESH_SPREAD:
+            return False
+        self.stamp_lag = min(lags)
+        self.contradicted += 1
+        return True
 
     def wall_now(self) -> float:
         return self._wall.now()

@@ -149,7 +149,8 @@ class IdentityWatcher:
             started = loop_time()
             delay: float | None = None
             try:
-                await self._session()
+                if await self._session():
+                    continue  # polling found the stream back: dial it at once
             except CoderError as exc:
                 delay = self._on_coder_error(exc)
             except ResyncNeeded as exc:
@@ -233,7 +234,9 @@ class IdentityWatcher:
 
     # -- loop 2: one session (socket, then listing, then stream) ------------------
 
-    async def _session(self) -> None:
+    async def _session(self) -> bool:
+        """One session; it ends by raising, or returns True when polling (the stream was
+        refused) found the stream back and it should be dialled at once."""
         prefix = await self.client.resolve_prefix()
         self.health.prefix = prefix
         self.attempt += 1
@@ -253,7 +256,7 @@ class IdentityWatcher:
                 self._stream_refusals += 1
                 if self._stream_refusals >= self.settings.poll_after:
                     await self._poll(exc)
-                    return  # the stream is tried again, at once
+                    return True
             raise
         self._stream_refusals = 0
         self._conn = conn
