@@ -277,6 +277,21 @@ def test_the_daemon_gets_the_units_file_descriptor_limit(box: Box) -> None:
     assert '"soft": 65536' in log and "process.fd_limit" in log, log[-800:]
 
 
+def test_journal_priorities_follow_the_log_levels(box: Box) -> None:
+    """Under systemd each line reaches the journal at its level's priority: `journalctl
+    -p warning` shows the daemon's warnings (the fd-limit line is info, not among them)."""
+    box.ensure_active()
+    box.sim("/drop-watch", {"code": 1011})  # the stream drops: watch.lost, a warning
+    time.sleep(3)
+    warn = box.m.run(
+        "journalctl", "-u", "watchd", "-p", "warning", "-o", "cat", "--no-pager", check=False
+    ).stdout
+    everything = box.m.run("journalctl", "-u", "watchd", "-o", "cat", "--no-pager").stdout
+    assert '"level": "warning"' in warn, warn[-800:]
+    assert "process.fd_limit" in everything and "process.fd_limit" not in warn
+    assert "<4>" not in everything  # journald took the prefix as the priority
+
+
 def test_credentials_are_0400_and_owned_by_the_dynamic_user(box: Box) -> None:
     """LoadCredential files arrive mode 0400, owned by the service's dynamic uid."""
     box.ensure_active()

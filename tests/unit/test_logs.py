@@ -64,3 +64,38 @@ def test_library_records_are_scrubbed_of_secrets(stream: io.StringIO) -> None:
     logging.getLogger("aiohttp.client").warning("url had library-leaked-secret-42 in it")
     (event,) = lines(stream)
     assert "library-leaked-secret-42" not in json.dumps(event)
+
+
+def test_lines_to_the_journal_carry_their_syslog_priority(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When JOURNAL_STREAM names stderr's device:inode (systemd connected it to the
+    journal), each line starts with <N> (warning 4, error 3, info 6), so `journalctl -p
+    warning` finds them; a stream that is not the journal's gets no prefix."""
+    import os
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "journal"
+    with path.open("w") as journal:
+        st = os.fstat(journal.fileno())
+        monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
+        logs.configure(level="info", json=True, stream=journal)
+        log = logs.get("watchd.test")
+        log.info("said.info")
+        log.warning("said.warning")
+        logging.getLogger("aiohttp.test").error("a library's error")
+        journal.flush()
+    got = path.read_text().splitlines()
+    assert [line[:3] for line in got] == ["<6>", "<4>", "<3>"]
+    assert json.loads(got[1][3:])["event"] == "said.warning"
+    other = io.StringIO()
+    try:
+        logs.configure(level="info", json=True, stream=other)
+        logs.get("watchd.test").warning("plain")
+        assert other.getvalue().startswith("{")
+    finally:
+        root = logging.getLogger()
+        for h in [h for h in root.handlers if getattr(h, "_watchd", False)]:
+            root.removeHandler(h)
+        logging.captureWarnings(False)
+        structlog.reset_defaults()

@@ -10,6 +10,7 @@ still never reaches a log line.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import MutableMapping
 from typing import Any, TextIO
@@ -29,6 +30,34 @@ def _one_line(
     return event_dict
 
 
+# syslog priorities by level, as journald reads a "<N>" line prefix (SyslogLevelPrefix=,
+# on by default): `journalctl -p warning` then shows warnings and worse.
+PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2, "exception": 3}
+
+
+def writes_to_journal(stream: TextIO) -> bool:
+    """Whether ``stream`` is the journal's stream systemd connected (``JOURNAL_STREAM`` is
+    its ``device:inode``; a stream redirected elsewhere under the same unit is not)."""
+    expected = os.environ.get("JOURNAL_STREAM", "")
+    if not expected:
+        return False
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return expected == f"{st.st_dev}:{st.st_ino}"
+
+
+def _with_priority(renderer: Any) -> Any:
+    """``renderer`` with each line prefixed by its syslog priority for journald."""
+
+    def render(logger: Any, name: str, event_dict: Any) -> Any:
+        prefix = f"<{PRIORITY.get(str(event_dict.get('level', 'info')), 6)}>"
+        return prefix + renderer(logger, name, event_dict)
+
+    return render
+
+
 def configure(
     *, level: str = "info", json: bool | None = None, stream: TextIO | None = None
 ) -> None:
@@ -40,6 +69,8 @@ def configure(
         if json
         else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
+    if writes_to_journal(stream):
+        renderer = _with_priority(renderer)
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
