@@ -157,13 +157,42 @@ def build_parser() -> argparse.ArgumentParser:
     silence.add_argument("--token-file", default=None, help=argparse.SUPPRESS)
     ssub = silence.add_subparsers(dest="action", required=True)
     both = [*common, conn]
-    add = ssub.add_parser("add", help="silence alerts matching all matchers", parents=both)
+    exits = (
+        "exit status: 0 done, 1 failed (bad matcher, daemon unreachable or refusing), "
+        "2 invalid config without --url"
+    )
+    add = ssub.add_parser(
+        "add",
+        help="silence alerts matching all matchers",
+        parents=both,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog='example:\n  watchd silence add identity="team-a" alertname=~"Chat.*" '
+        '--duration 4h --comment "maintenance"\n  (prints the new silence\'s id)\n\n' + exits,
+    )
     add.add_argument("matchers", nargs="+", help='e.g. identity="team-a" alertname=~"Chat.*"')
-    add.add_argument("--duration", default="2h")
-    add.add_argument("--comment", default="")
-    add.add_argument("--author", default=os.environ.get("USER", "cli"))
-    ssub.add_parser("list", help="list silences", parents=both)
-    expire = ssub.add_parser("expire", help="end a silence now", parents=both)
+    add.add_argument(
+        "--duration", default="2h", help="how long it lasts, from now (default: %(default)s)"
+    )
+    add.add_argument("--comment", default="", help="why (shown in list and /status)")
+    add.add_argument(
+        "--author",
+        default=os.environ.get("USER", "cli"),
+        help="who (default: $USER, here %(default)s)",
+    )
+    ssub.add_parser(
+        "list",
+        help="list silences",
+        parents=both,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  watchd silence list\n  watchd silence list --json\n\n" + exits,
+    )
+    expire = ssub.add_parser(
+        "expire",
+        help="end a silence now",
+        parents=both,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  watchd silence expire 3f2a9c1e\n\n" + exits,
+    )
     expire.add_argument("id")
     silence.set_defaults(func=cmd_silence)
 

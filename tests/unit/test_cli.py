@@ -122,3 +122,33 @@ def test_a_fatal_signal_is_said_on_stderr_not_silent() -> None:
         proc.kill()
     assert proc.returncode == -signal.SIGBUS
     assert b"Fatal Python error: Bus error" in err
+
+
+def test_silence_cli_reads_like_amtool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """silence list shows durations as 2h and marks expired ones; add's --author defaults
+    to $USER and --duration shows its default; each action's --help has an example and
+    the exit codes."""
+    import contextlib
+    import io
+
+    from watchd.cli import build_parser
+    from watchd.commands.silence import listing
+
+    shown = listing(
+        [
+            {"id": "a1", "matchers": ['team="a"'], "ends_at": 8200.0, "starts_at": 900.0,
+             "created_by": "ops", "comment": "maint", "state": "active"},
+            {"id": "b2", "matchers": ['x="y"'], "ends_at": 400.0, "starts_at": 100.0,
+             "created_by": "me", "comment": "", "state": "expired"},
+        ],
+        now=1000.0,
+    )  # fmt: skip
+    assert "in 2h" in shown and "expired 10m ago" in shown and shown.startswith("ID")
+    monkeypatch.setenv("USER", "alice")
+    args = build_parser().parse_args(["silence", "add", 'a="b"'])
+    assert (args.author, args.duration) == ("alice", "2h")
+    for action in ("add", "list", "expire"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            build_parser().parse_args(["silence", action, "--help"])
+        assert "example:" in out.getvalue() and "exit status: 0" in out.getvalue()

@@ -21,7 +21,7 @@ import aiohttp
 
 from watchd.commands.configuring import config_path
 from watchd.config import secrets
-from watchd.config.fields import ConfigError, parse_duration
+from watchd.config.fields import ConfigError, format_duration, parse_duration
 from watchd.config.loading import load_config
 from watchd.config.secrets import resolve_admin_token
 from watchd.kits.matchers import MatcherError, parse_matchers
@@ -107,22 +107,35 @@ async def call(url: str, token: str | None, args: argparse.Namespace) -> int:
     if status >= 400:
         detail = data.get("error", data) if isinstance(data, dict) else data
         return _fail(f"the daemon refused (HTTP {status}): {detail}")
-    if args.action == "list":
-        if args.json:
-            print(json.dumps(data))
-            return 0
-        now = time.time()
-        for s in data["silences"]:
-            left = max(0, s["ends_at"] - now)
-            print(
-                f"{s['id']}  {s['state']:<8} {', '.join(s['matchers'])}  "
-                f"ends in {left / 60:.0f}m  by {s['created_by']}  {s['comment']}"
-            )
-        if not data["silences"]:
-            print("no silences")
-    else:
+    if args.json:
         print(json.dumps(data))
+    elif args.action == "list":
+        print(listing(data["silences"], now=time.time()))
+    elif args.action == "add":
+        print(data.get("id", ""))  # as amtool: the id alone, for scripts
+    else:
+        print(f"expired {args.id}")
     return 0
+
+
+def listing(silences: list[dict[str, Any]], *, now: float) -> str:
+    """Silences as amtool lists them: id, matchers, when it ends (or ended), who, why."""
+    if not silences:
+        return "no silences"
+    rows = [("ID", "MATCHERS", "ENDS", "CREATED BY", "COMMENT")]
+    for s in silences:
+        left = s["ends_at"] - now
+        ends = (
+            f"in {format_duration(left)}" if left > 0 else f"expired {format_duration(-left)} ago"
+        )
+        if s.get("state") == "pending":
+            ends = f"starts in {format_duration(s['starts_at'] - now)}, " + ends
+        rows.append((s["id"], ", ".join(s["matchers"]), ends, s["created_by"], s["comment"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+        for r in rows
+    ).rstrip()
 
 
 async def _call(
