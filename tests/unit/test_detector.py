@@ -488,6 +488,18 @@ async def test_chat_failed_is_opt_in(enabled: bool) -> None:
         assert r.sink.names() == ([("ChatFailed", "firing")] if enabled else [])
 
 
+async def test_chat_failed_hint_follows_the_error_kind() -> None:
+    """A ChatFailed alert's hint follows last_error.kind and never advises an interrupt."""
+    async with rig(Budgets(), chat_failed=True) as r:
+        r.ready()
+        err = ChatError("Usage quota exceeded.", kind="usage_limit", provider="openai")
+        r.see("c1", "error", r.clock.now(), last_error=err)
+        await r.settle()
+        (alert,) = r.sink.alerts
+        assert "AI Gateway budget" in alert.annotations["hint"]
+        assert "do not interrupt it" in alert.annotations["hint"]
+
+
 async def test_chat_details_become_annotations() -> None:
     """mode, client_type, context.error and warnings ride along on a stuck alert."""
     async with rig(Budgets(running=300)) as r:

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from watchd.coder.models import WorkspaceBuild
 from watchd.coder.observing import Quota
+from watchd.detection.failures import error_hint
 from watchd.store.records import ChatRecord
 
 
@@ -49,6 +50,8 @@ def hint(facts: Facts, *, burst: int = 1, invalid_state: str | None = None) -> s
     rec = facts.record
     if invalid_state is not None:
         return INVALID_HINT
+    if rec.status == "error":
+        return error_hint(rec.last_error)
     if rec.status == "requires_action":
         return (
             "a client tool pause is stranded: submit the stranded tool results or "
