@@ -218,7 +218,13 @@ class Renderer:
             "clock": rec.clock if clock == "status" else "stalled",
             "clock_description": clock_text,
             "link": d.link,
-            "hint": hint(facts, burst=burst, invalid_state=invalid),
+            # Server time: the clock start plus the time in status measured on it.
+            "hint": hint(
+                facts,
+                burst=burst,
+                invalid_state=invalid,
+                now=rec.since + age if clock == "status" else None,
+            ),
         }
         if rec.workspace_id:
             annotations["workspace_id"] = rec.workspace_id

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from watchd.coder.models import WorkspaceBuild
 from watchd.coder.observing import Quota
-from watchd.detection.failures import error_hint
+from watchd.detection.failures import error_hint, retry_hint, retrying
 from watchd.store.records import ChatRecord
 
 
@@ -44,9 +44,12 @@ INVALID_HINT = (
 )
 
 
-def hint(facts: Facts, *, burst: int = 1, invalid_state: str | None = None) -> str:
+def hint(
+    facts: Facts, *, burst: int = 1, invalid_state: str | None = None, now: float | None = None
+) -> str:
     """``burst``: how many chats went past their budget in the same confirmation;
-    ``invalid_state``: coderd's message when a mutation found the state invalid."""
+    ``invalid_state``: coderd's message when a mutation found the state invalid; ``now``:
+    the server time the chat was judged at (without it, no retry-loop reading)."""
     rec = facts.record
     if invalid_state is not None:
         return INVALID_HINT
@@ -100,6 +103,8 @@ def hint(facts: Facts, *, burst: int = 1, invalid_state: str | None = None) -> s
             f"({facts.quota.credits_consumed}/{facts.quota.budget} credits): new builds "
             "will fail; reclaim credits by deleting workspaces"
         )
+    if now is not None and retrying(rec, now):
+        return retry_hint(rec, now)
     if not facts.build_checked and burst > 1:
         return (
             f"{burst} chats went past their budget together: look for a shared cause "

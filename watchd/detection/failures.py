@@ -9,7 +9,11 @@ the chat read for its owner).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from watchd.coder.observing import ChatError
+from watchd.config.fields import format_duration
+from watchd.store.records import ChatRecord
 
 # codersdk.ChatErrorKind (AllChatErrorKinds, 13 values) -> what to do about it. An unknown
 # kind reads as generic, as coderd's own UI does.
@@ -42,7 +46,14 @@ KIND_ADVICE: dict[str, str] = {
     "generic": "an unexpected provider or chatd error: read last_error's detail and coderd's logs",
 }
 
-RETRY_ATTEMPTS = 25  # chatretry.Retry
+# chatretry.Retry: 25 attempts, backoff 1 s doubling to 60 s (a provider Retry-After as a
+# floor): about 20 min of waits, 20-45 min with the attempts themselves.
+RETRY_ATTEMPTS = 25
+RETRY_SPAN = 45 * 60.0
+# A running chat whose updated_at moved this recently (and after it entered running) is
+# still being written to: the retry loop bumps it on every attempt (at most 60 s apart,
+# plus the attempt), so two missed bumps' worth.
+RETRY_FRESH = 150.0
 
 
 def error_hint(err: ChatError | None) -> str:
@@ -63,4 +74,28 @@ def error_hint(err: ChatError | None) -> str:
         f"{kind} from {err.provider or 'the model provider'} ({retried}): "
         f"{KIND_ADVICE[kind]}; the chat is not running, so do not interrupt it (coderd "
         "answers 409)"
+    )
+
+
+def retrying(rec: ChatRecord, now: float) -> bool:
+    """Whether a ``running`` chat's ``updated_at`` is still moving: it moved after the
+    chat entered ``running`` and recently (RETRY_FRESH)."""
+    u = rec.updated_at
+    return rec.status == "running" and u is not None and u > rec.since and now - u <= RETRY_FRESH
+
+
+def retry_hint(rec: ChatRecord, now: float) -> str:
+    """The hint for a running chat past budget that chatd is still writing to (server
+    time ``now``): chatd gives up within RETRY_SPAN of its first retry, which is no later
+    than now."""
+    assert rec.updated_at is not None
+    moved = format_duration(max(0.0, now - rec.updated_at))
+    by = datetime.fromtimestamp(now + RETRY_SPAN, tz=UTC).isoformat(timespec="seconds")
+    iso = by.replace("+00:00", "Z")
+    return (
+        f"probably chatd's retry loop: updated_at keeps moving (last {moved} ago) while "
+        f"the turn does not finish; chatd retries a failing provider call up to "
+        f"{RETRY_ATTEMPTS} times (about 20-45 min) and then ends the chat in error with "
+        f"last_error saying why, so by {iso} at the latest; check the provider's status "
+        "rather than interrupting; if it is still running after that, the run is wedged"
     )
