@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard, get_args
 
 import orjson
+from msgspec.structs import replace
 
 from watchd.coder.errors import PayloadError
 from watchd.coder.observing import Quota, ToolCall, WatchEvent, as_text, from_json
@@ -100,7 +101,7 @@ def parse_watch_frame(text: str | bytes) -> WatchEvent | None:
         for c in raw_calls
         if isinstance(c, dict)
     )
-    return WatchEvent(kind, chat, calls)
+    return WatchEvent(kind, replace(chat, tool_calls=calls))
 
 
 def parse_user(obj: Any) -> User:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from watchd.alerting.model import Alert
 from watchd.config.fields import duration_text, format_duration
 from watchd.detection.budgets import ChatVerdict
-from watchd.detection.diagnosis import INVALID_HINT, Facts, hint
+from watchd.detection.diagnosis import INVALID_HINT, Facts, hint, ledger_keys, pending_text
 from watchd.store.health import IdentityHealth
 from watchd.store.records import (
     CLOCK_LOWER_BOUND,
@@ -152,6 +152,9 @@ class Renderer:
             tail.append(("warnings", "; ".join(rec.warnings)))
         if rec.parent_id:
             tail.append(("parent_chat_id", rec.parent_id))
+        if rec.pending:
+            tail.append(("pending_tool_calls", pending_text(rec)))
+            tail.append(("client_ledger_keys", ledger_keys(rec)))
         if cut:
             tail.append(("labels_cut", cut))
         if rec.last_error is not None:

@@ -56,10 +56,16 @@ def hint(
     if rec.status == "error":
         return error_hint(rec.last_error)
     if rec.status == "requires_action":
+        pending = (
+            f" (pending: {pending_text(rec)}; client ledger keys: {ledger_keys(rec)})"
+            if rec.pending
+            else " (which tool calls are pending was not seen: the action_required event "
+            "came before watchd watched)"
+        )
         return (
-            "a client tool pause is stranded: submit the stranded tool results or "
-            "reconcile the client's ledger first; do not interrupt blindly (the pause may "
-            "be the only record of a committed client-tool effect)"
+            f"a client tool pause is stranded{pending}: submit the stranded tool results "
+            "or reconcile the client's ledger first; do not interrupt blindly (the pause "
+            "may be the only record of a committed client-tool effect)"
         )
     build = facts.build
     if build is not None and (
@@ -116,3 +122,14 @@ def hint(
         "requestTimeoutMs) or a wedged run (interrupt it; if that fails, stop the "
         "workspace)"
     )
+
+
+def pending_text(rec: ChatRecord) -> str:
+    """A stranded chat's pending tool calls as ``tool_name (tool_call_id)``."""
+    return ", ".join(f"{c.tool_name or '?'} ({c.tool_call_id or '?'})" for c in rec.pending)
+
+
+def ledger_keys(rec: ChatRecord) -> str:
+    """The client-tool ledger's keys for them: ``chatId/toolCallId``, as the seeds'
+    crash-safe ledger keys its entries."""
+    return ", ".join(f"{rec.chat_id}/{c.tool_call_id}" for c in rec.pending)
