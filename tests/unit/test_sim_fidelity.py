@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import time
+import uuid
 from typing import Any
 
 import aiohttp
@@ -222,6 +223,25 @@ async def test_writeChatInvalidState_refuses_every_mutation_until_reconciled(
     assert status == 200 and body["status"] == "error"
     status, _ = await _post(sim, session, alice, base, {"archived": True})
     assert status == 204
+
+
+async def test_reconcileInvalidChatState_answers(sim: Sim, session: aiohttp.ClientSession) -> None:
+    """reconcile-invalid: 409 "Chat is not in an invalid state." for a consistent chat,
+    404 for a missing or hidden one, 400 for an archived one, 503 with chatd off."""
+    alice, bob = sim.state.add_user("alice"), sim.state.add_user("bob")
+    chat = sim.state.add_chat(alice, status="running")
+    url = f"/api/v2/chats/{chat.id}/reconcile-invalid"
+    status, body = await _post(sim, session, alice, url)
+    assert (status, body["message"]) == (409, "Chat is not in an invalid state.")
+    assert (await _post(sim, session, bob, url))[0] == 404
+    missing = f"/api/v2/chats/{uuid.uuid4()}/reconcile-invalid"
+    assert (await _post(sim, session, alice, missing))[0] == 404
+    done = sim.state.add_chat(alice, status="waiting")
+    sim.state.archive(done.id)
+    status, body = await _post(sim, session, alice, f"/api/v2/chats/{done.id}/reconcile-invalid")
+    assert (status, body["message"]) == (400, "Cannot mutate an archived chat.")
+    sim.state.faults.chatd_enabled = False
+    assert (await _post(sim, session, alice, url))[0] == 503
 
 
 @pytest.mark.parametrize("era", ["D"])

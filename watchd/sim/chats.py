@@ -284,11 +284,16 @@ class ChatsAPI:
         return web.Response(status=204)
 
     async def reconcile_invalid(self, request: web.Request) -> web.StreamResponse:
-        """``POST …/reconcile-invalid`` (newest servers): an inconsistent chat → ``error``.
-        The answer for a consistent chat is not known from coderd's source; the simulator
-        refuses it with 409 so a client cannot rely on it being harmless."""
+        """``POST …/reconcile-invalid`` (newest servers): an inconsistent chat → ``error``
+        (200 with the chat); 409 "Chat is not in an invalid state." for a consistent one;
+        400 for an archived chat; 404 for a chat that is missing or not the caller's; 503
+        with chatd off."""
         chat = self.own_chat(request)
         try:
+            if not self.state.faults.chatd_enabled:
+                raise SimError(503, "AI Gateway must be enabled to use chats.")
+            if chat.archived:
+                raise SimError(400, "Cannot mutate an archived chat.")
             self.state.reconcile_invalid(chat)
         except SimError as exc:
             self.state.mutations.append(("reconcile_invalid", chat.id, exc.status))
