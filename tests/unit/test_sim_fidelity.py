@@ -244,6 +244,20 @@ async def test_reconcileInvalidChatState_answers(sim: Sim, session: aiohttp.Clie
     assert (await _post(sim, session, alice, url))[0] == 503
 
 
+async def test_patchChat_refuses_archive_while_a_family_member_is_paused(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """Archive of a family with a member paused at a queued message under edit answers
+    409 with coderd's own message (#29215)."""
+    alice = sim.state.add_user("alice")
+    root = sim.state.add_chat(alice, status="waiting")
+    sim.state.add_chat(alice, status="paused", parent=root)
+    status, body = await _post(sim, session, alice, f"/api/v2/chats/{root.id}", {"archived": True})
+    assert status == 409 and body["message"].startswith(
+        "Cannot archive: a chat in this family is paused at a queued message under edit."
+    )
+
+
 @pytest.mark.parametrize("era", ["D"])
 async def test_reconcile_invalid_route_absent_before_the_newest_era(
     sim: Sim, session: aiohttp.ClientSession

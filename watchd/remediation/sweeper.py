@@ -19,7 +19,7 @@ from watchd.kits import logs
 from watchd.kits.ratelimit import RateLimiter
 from watchd.remediation.announcing import Ledger, announcement, expire_announcements
 from watchd.remediation.audit import AuditLog
-from watchd.remediation.policies import compile_policies, match_policy
+from watchd.remediation.policies import LEFT_ALONE, compile_policies, match_policy
 from watchd.remediation.progress import SweepEntry, SweepProgress
 from watchd.remediation.recovering import recover
 from watchd.store.chats import ChatStore
@@ -30,10 +30,13 @@ from watchd.store.sqlite import StateFile
 log = logs.get("watchd.sweep")
 
 ACTIVE = frozenset({"running", "pending", "interrupting"})
-SETTLED = frozenset({"waiting", "error", "completed", "paused"})
+SETTLED = frozenset({"waiting", "error", "completed"})
+# The sweep's word for a paused chat, or a family coderd will not archive because one is.
+OWNER_EDITING = "owner editing"
 MAX_ATTEMPTS = 3
 # "healed": reconcile-invalid found the chat consistent again; this episode is over.
-TERMINAL = frozenset({"interrupted", "archived", "gave_up", "planned", "healed"})
+# "owner_editing": left alone for this episode, not a failure.
+TERMINAL = frozenset({"interrupted", "archived", "gave_up", "planned", "healed", "owner_editing"})
 # "invalid": a mutation answered 409 "Chat is in an invalid state."; waits for the
 # operator (or reconcile_invalid) and is not retried in a loop.
 WAITING = frozenset({"invalid"})
@@ -77,6 +80,7 @@ class Sweeper:
             "invalid": 0,
             "reconciled": 0,
             "healed": 0,
+            "owner_editing": 0,
             "errors": 0,
         }
         self._limiters: dict[str, RateLimiter] = {}
@@ -167,14 +171,16 @@ class Sweeper:
             self._retry(entry, rec, policy, f"read failed: {exc}")
             return
         status = chat.status
-        if status == "requires_action" or chat.archived:
+        if status in LEFT_ALONE or chat.archived:
+            said = "archived" if chat.archived else status
+            editing = said == "paused"  # the owner's, not a failure
             self._record(
                 entry,
-                "gave_up",
+                "owner_editing" if editing else "gave_up",
                 rec=rec,
                 policy=policy,
                 action="none",
-                detail=f"left alone: chat is {'archived' if chat.archived else status}",
+                detail=f"left alone: chat is {said}" + (f" ({OWNER_EDITING})" if editing else ""),
             )
             return
         wants_interrupt = policy.action in ("interrupt", "interrupt_then_archive")
@@ -255,6 +261,12 @@ class Sweeper:
                 return
             if exc.status == 400 and "already archived" in exc.message.lower():
                 pass
+            elif exc.status == 409 and "paused" in exc.message.lower():
+                detail = f"archive refused ({OWNER_EDITING}): {exc.message}"
+                self._record(
+                    entry, "owner_editing", rec=rec, policy=policy, action="none", detail=detail
+                )
+                return
             elif exc.status == 409 or (exc.status == 400 and "root chat" in exc.message):
                 self._retry(entry, rec, policy, f"archive refused: {exc.message}")
                 return

@@ -32,6 +32,13 @@ Q_KEYS = frozenset(
 )
 
 
+# patchChat: a family with a member paused at a queued message under edit (in flight).
+PAUSED_ARCHIVE_REFUSAL = (
+    "Cannot archive: a chat in this family is paused at a queued message under edit. "
+    "Finish editing, send, or remove that message first."
+)
+
+
 class ChatsAPI:
     """The handlers of ``/api/{v2,experimental}/chats…`` over one :class:`SimState`."""
 
@@ -264,6 +271,8 @@ class ChatsAPI:
         if chat.archived:
             raise SimError(400, "Chat is already archived.")
         if state.era.state_machine:
+            if any(m.status == "paused" for m in state.family(chat)):
+                raise SimError(409, PAUSED_ARCHIVE_REFUSAL)
             if chat.status not in ARCHIVABLE:
                 raise SimError(
                     409,
