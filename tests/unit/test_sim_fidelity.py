@@ -157,6 +157,28 @@ async def test_requires_action_transition_publishes_only_action_required(
     assert events[0]["tool_calls"][0]["tool_name"]
 
 
+async def test_capacity_change_is_published_as_a_list_row_without_the_flag(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """Queueing for capacity and admission each publish capacity_change: the list-row
+    shape, no queued_for_capacity, updated_at unchanged (capacity writes do not bump it)."""
+    alice = sim.state.add_user("alice")
+    first = sim.state.add_chat(alice, status="running", publish=False)
+    second = sim.state.add_chat(alice, status="running", publish=False)
+    stamp = second.updated_at
+    sim.state.subscribe(alice.id)
+    sim.state.faults.capacity_roots = 1
+    sim.state.tick()
+    sim.state.tick()
+    first.status = "waiting"
+    sim.state.tick()
+    events = [e for e in _drain(sim, alice) if e["kind"] == "capacity_change"]
+    assert [e["chat"]["id"] for e in events] == [second.id, second.id]
+    for e in events:
+        assert "queued_for_capacity" not in e["chat"]
+        assert timestamp(e["chat"]["updated_at"]) == pytest.approx(stamp, abs=1e-6)
+
+
 async def test_getChat_encoding_omits_nil_pointers_and_false_capacity(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:

@@ -233,6 +233,35 @@ async def test_events_during_listing_are_buffered(sim: Sim, session: aiohttp.Cli
         assert r.store.get("alice", late.id) is not None
 
 
+async def test_capacity_change_is_read_to_learn_the_flag(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """capacity_change (a list row: no flag, same updated_at) makes the watcher GET the
+    chat once, so the store learns it was queued, and then that it was admitted."""
+    alice = sim.state.add_user("alice")
+    first = sim.state.add_chat(alice, status="running")
+    async with watching(sim, alice, session) as r:
+        reconcile = asyncio.create_task(r.watcher.reconcile_forever())
+        try:
+            await eventually(lambda: r.health.ready)
+            sim.state.faults.capacity_roots = 1
+            queued = sim.state.add_chat(alice, status="running")
+
+            def flag() -> bool | None:
+                rec = r.store.get("alice", queued.id)
+                return None if rec is None else rec.queued_for_capacity
+
+            await eventually(lambda: flag() is True)
+            stamp = r.store.get("alice", queued.id).updated_at  # type: ignore[union-attr]
+            sim.state.set_status(first.id, "waiting")
+            await eventually(lambda: flag() is False)
+            assert r.store.get("alice", queued.id).updated_at == stamp  # type: ignore[union-attr]
+        finally:
+            reconcile.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reconcile
+
+
 async def test_reconnect_after_drop_reseeds(sim: Sim, session: aiohttp.ClientSession) -> None:
     """A dropped socket is redialed and the identity reseeded, catching missed changes."""
     alice = sim.state.add_user("alice")

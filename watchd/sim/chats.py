@@ -303,10 +303,22 @@ class ChatsAPI:
                 raise SimError(503, "AI Gateway must be enabled to use chats.")
             if chat.archived:
                 raise SimError(400, "Cannot mutate an archived chat.")
-            self.state.reconcile_invalid(chat)
+            if not chat.invalid_state:
+                raise SimError(409, "Chat is not in an invalid state.")
         except SimError as exc:
             self.state.mutations.append(("reconcile_invalid", chat.id, exc.status))
             raise
+        chat.invalid_state = False
+        chat.script.clear()
+        self.state.set_status(
+            chat.id,
+            "error",
+            last_error={
+                "message": "The chat's execution state was invalid and has been reset.",
+                "kind": "generic",
+                "retryable": False,
+            },
+        )
         self.state.mutations.append(("reconcile_invalid", chat.id, 200))
         return json_response(200, chat_json(self.state, chat, single=True))
 
