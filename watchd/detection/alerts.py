@@ -18,7 +18,14 @@ from typing import NamedTuple
 from watchd.alerting.model import Alert
 from watchd.config.fields import duration_text, format_duration
 from watchd.detection.budgets import ChatVerdict
-from watchd.detection.diagnosis import INVALID_HINT, Facts, hint, ledger_keys, pending_text
+from watchd.detection.diagnosis import (
+    INVALID_HINT,
+    Facts,
+    agents_text,
+    hint,
+    ledger_keys,
+    pending_text,
+)
 from watchd.store.health import IdentityHealth
 from watchd.store.records import (
     CLOCK_LOWER_BOUND,
@@ -235,6 +242,8 @@ class Renderer:
             annotations["workspace_build"] = facts.build.status + (
                 f" ({facts.build.error_code})" if facts.build.error_code else ""
             )
+            if facts.build.agents:
+                annotations["workspace_agents"] = agents_text(facts.build)
         if facts.quota is not None:
             annotations["quota"] = (
                 "unlimited"

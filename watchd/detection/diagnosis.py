@@ -86,6 +86,15 @@ def hint(
             f"workspace cannot be scheduled: latest build is {build.status}{quota_note}; "
             "check quota headroom and the provisioners"
         )
+    sick = [a for a in build.agents if a.unhealthy] if build is not None else []
+    if sick:
+        a = sick[0]
+        return (
+            f"workspace agent {a.name or '?'} is unhealthy (status {a.status or '?'}, "
+            f"lifecycle {a.lifecycle_state or '?'}): the build succeeded but the chat cannot "
+            "reach its workspace; check the agent's logs and startup script, or restart "
+            "the workspace"
+        )
     if rec.queued_for_capacity:
         return (
             "deployment concurrency cap reached: the chat is queued for capacity "
@@ -133,3 +142,8 @@ def ledger_keys(rec: ChatRecord) -> str:
     """The client-tool ledger's keys for them: ``chatId/toolCallId``, as the seeds'
     crash-safe ledger keys its entries."""
     return ", ".join(f"{rec.chat_id}/{c.tool_call_id}" for c in rec.pending)
+
+
+def agents_text(build: WorkspaceBuild) -> str:
+    """A build's agents as ``name: status/lifecycle_state``."""
+    return ", ".join(f"{a.name}: {a.status}/{a.lifecycle_state}" for a in build.agents)
