@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -98,6 +99,23 @@ async def test_requires_action_is_stranded(start_sim: StartSim, start_daemon: St
     firing = await eventually(lambda: d.firing("ChatStranded"), within=10)
     assert "do not interrupt" in firing[0]["annotations"]["hint"]
     assert await d.firing("ChatStuck") == []
+
+
+async def test_chat_stranded_names_the_pending_tool_calls(
+    start_sim: StartSim, start_daemon: StartDaemon
+) -> None:
+    """ChatStranded names the action_required event's tool calls and their client-ledger
+    keys (chatId/toolCallId) in its annotations and hint."""
+    sim = start_sim()
+    d = start_daemon(sim)
+    await d.wait_ready()
+    chat = await sim.add_chat("alice", status="running")
+    await sim.set_status(chat, "requires_action")
+    (alert,) = await eventually(lambda: d.firing("ChatStranded"), within=10)
+    ann = alert["annotations"]
+    assert re.fullmatch(r"run_query \(call_[0-9a-f]+\)", ann["pending_tool_calls"])
+    assert re.fullmatch(rf"{chat}/call_[0-9a-f]+", ann["client_ledger_keys"])
+    assert ann["client_ledger_keys"] in ann["hint"]
 
 
 async def test_nothing_fires_while_disconnected(

@@ -144,6 +144,21 @@ async def test_hint_for_a_quota_failed_build(
     assert ann["workspace_build"] == "failed (INSUFFICIENT_QUOTA)"
 
 
+async def test_hint_for_an_unhealthy_agent(start_sim: StartSim, start_daemon: StartDaemon) -> None:
+    """A chat whose workspace built but whose agent is disconnected is called agent-unhealthy,
+    and the alert lists the workspace's agents."""
+    sim = start_sim()
+    body = {"owner": "alice", "agent_status": "disconnected", "agent_lifecycle": "ready"}
+    ws = (await sim.admin("POST", "/workspaces", body))["id"]
+    await sim.add_chat("alice", status="running", workspace_id=ws)
+    d = start_daemon(sim)
+    await d.wait_ready()
+    firing = await eventually(lambda: d.firing("ChatStuck"), within=10)
+    ann = firing[0]["annotations"]
+    assert "workspace agent main is unhealthy" in ann["hint"]
+    assert ann["workspace_agents"] == "main: disconnected/ready"
+
+
 async def test_dry_run_changes_nothing_and_reports(
     start_sim: StartSim, start_daemon: StartDaemon
 ) -> None:

@@ -18,7 +18,7 @@ from watchd.coder.errors import CoderError
 from watchd.coder.models import WorkspaceBuild
 from watchd.coder.observing import ChatError, ChatId, Observation
 from watchd.config.watching import Budgets
-from watchd.detection.alerts import Draft
+from watchd.detection.alerts import Draft, iso
 from watchd.detection.confirming import BURST_LOOKUPS, SETTLE_MAX, SETTLE_QUIET
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
@@ -486,6 +486,36 @@ async def test_chat_failed_is_opt_in(enabled: bool) -> None:
         r.see("c1", "error", r.clock.now())
         await r.settle()
         assert r.sink.names() == ([("ChatFailed", "firing")] if enabled else [])
+
+
+async def test_chat_failed_hint_follows_the_error_kind() -> None:
+    """A ChatFailed alert's hint follows last_error.kind and never advises an interrupt."""
+    async with rig(Budgets(), chat_failed=True) as r:
+        r.ready()
+        err = ChatError("Usage quota exceeded.", kind="usage_limit", provider="openai")
+        r.see("c1", "error", r.clock.now(), last_error=err)
+        await r.settle()
+        (alert,) = r.sink.alerts
+        assert "AI Gateway budget" in alert.annotations["hint"]
+        assert "do not interrupt it" in alert.annotations["hint"]
+
+
+async def test_a_running_chat_whose_updated_at_keeps_moving_is_read_as_chatds_retry_loop() -> None:
+    """Past budget with updated_at still moving, the hint names chatd's retry loop and when
+    it gives up, not "a wedged run: interrupt it"; with updated_at still, the old hint."""
+    async with rig(Budgets(running=300)) as r:
+        r.ready()
+        r.see("c1", "running", r.clock.now() - 200)
+        r.see("c2", "running", r.clock.now() - 200)
+        r.see("c1", "running", r.clock.now() - 10, via="listing")
+        r.advance(101)
+        await r.settle()
+        hints = {a.labels["chat_id"]: a.annotations["hint"] for a in r.sink.alerts}
+        assert "chatd's retry loop" in hints["c1"] and "25 times" in hints["c1"]
+        give_up = iso(r.clock.now() + 45 * 60)
+        assert f"by {give_up[:16]}" in hints["c1"]
+        assert "interrupt it" not in hints["c1"]
+        assert "wedged run (interrupt it" in hints["c2"]
 
 
 async def test_chat_details_become_annotations() -> None:

@@ -11,8 +11,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
+from tests.fakes.receivers import FakeWebhook
 from watchd.alerting import dispatch as dispatch_module
 from watchd.alerting import routing
 from watchd.alerting.dispatch import Dispatcher
@@ -20,6 +22,7 @@ from watchd.alerting.grouprows import GroupRows
 from watchd.alerting.model import Alert
 from watchd.alerting.nflog import NotificationLog
 from watchd.alerting.receivers.base import Notification, NotifyError, Rate
+from watchd.alerting.receivers.simple import WebhookNotifier
 from watchd.alerting.silencing import Inhibitor, Silence, Silencer
 from watchd.config.alerting import InhibitRule, RouteConfig
 from watchd.kits.matchers import parse_matchers
@@ -200,6 +203,51 @@ async def test_transient_failure_retries_after_exactly_retry_after(tmp_path: Pat
         assert rec.attempts == [WAIT, WAIT + 3.0] and rec.at == [WAIT + 3.0]
         assert d.stats["r"].retried == 1 and d.stats["r"].sent == 1
         assert db.part(NotificationLog).get("r", next(iter(d.groups))[1]) is not None
+
+
+async def test_retry_after_holds_across_flushes(tmp_path: Path) -> None:
+    """Two 429s with Retry-After: 3 in a row: the second wait is honoured too, though it
+    ends past the flush's budget (the next flush waits for it, not group_interval)."""
+    rec = Recorder()
+    rec.fail = [NotifyError("429", retryable=True, retry_after=3.0) for _ in range(2)]
+    async with dispatcher(
+        tmp_path, rec=rec, route={"receiver": "r", "group_wait": "30s", "group_interval": "2s"}
+    ) as (d, _, _db):
+        d.put(alert("1"))
+        await asyncio.sleep(WAIT + 20)
+        assert rec.attempts == [WAIT, WAIT + 3.0, WAIT + 6.0] and rec.at == [WAIT + 6.0]
+        assert d.stats["r"].failed == 1 and d.stats["r"].sent == 1
+
+
+class TimedWebhook(Recorder):
+    """A real webhook notifier whose attempts are noted at their loop time."""
+
+    def __init__(self, notifier: WebhookNotifier) -> None:
+        super().__init__()
+        self.notifier = notifier
+
+    async def notify(self, n: Notification) -> None:
+        self.attempts.append(round(asyncio.get_running_loop().time(), 6))
+        await self.notifier.notify(n)
+        self.at.append(self.attempts[-1])
+
+
+async def test_a_webhooks_two_429s_are_both_waited_for(tmp_path: Path) -> None:
+    """A webhook answering 429 Retry-After: 3 twice is posted to again 3 s after each."""
+    hook = await FakeWebhook().start()
+    hook.script.answers = [(429, "slow down", {"Retry-After": "3"}) for _ in range(2)]
+    try:
+        async with aiohttp.ClientSession() as session:
+            rec = TimedWebhook(WebhookNotifier("r", url=hook.hook_url, session=session, timeout=5))
+            route = {"receiver": "r", "group_wait": "30s", "group_interval": "2s"}
+            async with dispatcher(tmp_path, rec=rec, route=route) as (d, _, _db):
+                d.put(alert("1"))
+                await asyncio.sleep(WAIT + 20)
+                gaps = [b - a for a, b in zip(rec.attempts, rec.attempts[1:], strict=False)]
+                assert len(hook.received) == 1 and len(gaps) == 2
+                assert all(g >= 3.0 for g in gaps), gaps
+    finally:
+        await hook.stop()
 
 
 async def test_retries_back_off_and_give_up_at_the_flush_budget(tmp_path: Path) -> None:

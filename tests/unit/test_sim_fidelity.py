@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import time
+import uuid
 from typing import Any
 
 import aiohttp
@@ -156,6 +157,28 @@ async def test_requires_action_transition_publishes_only_action_required(
     assert events[0]["tool_calls"][0]["tool_name"]
 
 
+async def test_capacity_change_is_published_as_a_list_row_without_the_flag(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """Queueing for capacity and admission each publish capacity_change: the list-row
+    shape, no queued_for_capacity, updated_at unchanged (capacity writes do not bump it)."""
+    alice = sim.state.add_user("alice")
+    first = sim.state.add_chat(alice, status="running", publish=False)
+    second = sim.state.add_chat(alice, status="running", publish=False)
+    stamp = second.updated_at
+    sim.state.subscribe(alice.id)
+    sim.state.faults.capacity_roots = 1
+    sim.state.tick()
+    sim.state.tick()
+    first.status = "waiting"
+    sim.state.tick()
+    events = [e for e in _drain(sim, alice) if e["kind"] == "capacity_change"]
+    assert [e["chat"]["id"] for e in events] == [second.id, second.id]
+    for e in events:
+        assert "queued_for_capacity" not in e["chat"]
+        assert timestamp(e["chat"]["updated_at"]) == pytest.approx(stamp, abs=1e-6)
+
+
 async def test_getChat_encoding_omits_nil_pointers_and_false_capacity(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:
@@ -222,6 +245,39 @@ async def test_writeChatInvalidState_refuses_every_mutation_until_reconciled(
     assert status == 200 and body["status"] == "error"
     status, _ = await _post(sim, session, alice, base, {"archived": True})
     assert status == 204
+
+
+async def test_reconcileInvalidChatState_answers(sim: Sim, session: aiohttp.ClientSession) -> None:
+    """reconcile-invalid: 409 "Chat is not in an invalid state." for a consistent chat,
+    404 for a missing or hidden one, 400 for an archived one, 503 with chatd off."""
+    alice, bob = sim.state.add_user("alice"), sim.state.add_user("bob")
+    chat = sim.state.add_chat(alice, status="running")
+    url = f"/api/v2/chats/{chat.id}/reconcile-invalid"
+    status, body = await _post(sim, session, alice, url)
+    assert (status, body["message"]) == (409, "Chat is not in an invalid state.")
+    assert (await _post(sim, session, bob, url))[0] == 404
+    missing = f"/api/v2/chats/{uuid.uuid4()}/reconcile-invalid"
+    assert (await _post(sim, session, alice, missing))[0] == 404
+    done = sim.state.add_chat(alice, status="waiting")
+    sim.state.archive(done.id)
+    status, body = await _post(sim, session, alice, f"/api/v2/chats/{done.id}/reconcile-invalid")
+    assert (status, body["message"]) == (400, "Cannot mutate an archived chat.")
+    sim.state.faults.chatd_enabled = False
+    assert (await _post(sim, session, alice, url))[0] == 503
+
+
+async def test_patchChat_refuses_archive_while_a_family_member_is_paused(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """Archive of a family with a member paused at a queued message under edit answers
+    409 with coderd's own message (#29215)."""
+    alice = sim.state.add_user("alice")
+    root = sim.state.add_chat(alice, status="waiting")
+    sim.state.add_chat(alice, status="paused", parent=root)
+    status, body = await _post(sim, session, alice, f"/api/v2/chats/{root.id}", {"archived": True})
+    assert status == 409 and body["message"].startswith(
+        "Cannot archive: a chat in this family is paused at a queued message under edit."
+    )
 
 
 @pytest.mark.parametrize("era", ["D"])

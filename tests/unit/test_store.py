@@ -13,11 +13,11 @@ import orjson
 import pytest
 
 from watchd.coder.errors import PayloadError
-from watchd.coder.observing import ChatId, Observation, flatten, from_json
+from watchd.coder.observing import ChatId, Observation, ToolCall, flatten, from_json
 from watchd.coder.pages import read_page
 from watchd.store.chats import ChatStore
 from watchd.store.listing import observe_page
-from watchd.store.records import ChatRecord
+from watchd.store.records import MAX_PENDING, PENDING_TEXT_MAX, ChatRecord
 from watchd.store.rows import ChatRows
 from watchd.store.sqlite import StateFile
 
@@ -406,3 +406,35 @@ def test_a_clock_start_slightly_ahead_of_the_estimate_is_kept_as_the_server_said
     s.observe("a", chat("c1", "waiting", T + 2.3), now=T + 1, via="watch", kind="status_change")
     rec = s.get("a", "c1")
     assert rec is not None and rec.since == T + 2.3
+
+
+def test_pending_tool_calls_are_kept_bounded_and_persisted(tmp_path: Path) -> None:
+    """An action_required event's tool calls stay on the record (a few, ids and names cut)
+    through a later listing of the same status and a restart, and leave with the status;
+    the event still tells them after a listing showed the same stamp."""
+    calls = tuple(ToolCall(f"call_{i}" + "x" * 300, "run_query") for i in range(20))
+    s = ChatStore()
+    s.observe("a", chat("c1", "requires_action", 100.0), now=100.0, via="listing")
+    ch = s.observe(
+        "a",
+        chat("c1", "requires_action", 100.0, tool_calls=calls),
+        now=101.0,
+        via="watch",
+        kind="action_required",
+    )
+    assert ch is not None
+    pending = ch.record.pending
+    assert len(pending) == MAX_PENDING and pending[0].tool_name == "run_query"
+    assert all(len(c.tool_call_id) == PENDING_TEXT_MAX for c in pending)
+    s.observe("a", chat("c1", "requires_action", 120.0), now=120.0, via="listing")
+    rec = s.get("a", "c1")
+    assert rec is not None and rec.pending == pending
+    db = StateFile(tmp_path / "s.sqlite3")
+    rows = db.part(ChatRows)
+    rows.mark(rec)
+    db.flush()
+    (loaded,) = rows.load()
+    assert loaded.pending == pending
+    db.close()
+    ch = s.observe("a", chat("c1", "running", 130.0), now=130.0, via="watch", kind="status_change")
+    assert ch is not None and ch.record.pending == ()

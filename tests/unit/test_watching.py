@@ -21,6 +21,7 @@ from watchd.coder.transport import Transport
 from watchd.coder.watchstream import ResyncNeeded, open_watch
 from watchd.config.watching import Budgets
 from watchd.detection.detector import Detector
+from watchd.detection.diagnosis import Facts, hint
 from watchd.kits.backoff import Backoff
 from watchd.kits.clock import LoopClock, ServerClock
 from watchd.kits.ratelimit import RateLimiter
@@ -233,6 +234,35 @@ async def test_events_during_listing_are_buffered(sim: Sim, session: aiohttp.Cli
         assert r.store.get("alice", late.id) is not None
 
 
+async def test_capacity_change_is_read_to_learn_the_flag(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """capacity_change (a list row: no flag, same updated_at) makes the watcher GET the
+    chat once, so the store learns it was queued, and then that it was admitted."""
+    alice = sim.state.add_user("alice")
+    first = sim.state.add_chat(alice, status="running")
+    async with watching(sim, alice, session) as r:
+        reconcile = asyncio.create_task(r.watcher.reconcile_forever())
+        try:
+            await eventually(lambda: r.health.ready)
+            sim.state.faults.capacity_roots = 1
+            queued = sim.state.add_chat(alice, status="running")
+
+            def flag() -> bool | None:
+                rec = r.store.get("alice", queued.id)
+                return None if rec is None else rec.queued_for_capacity
+
+            await eventually(lambda: flag() is True)
+            stamp = r.store.get("alice", queued.id).updated_at  # type: ignore[union-attr]
+            sim.state.set_status(first.id, "waiting")
+            await eventually(lambda: flag() is False)
+            assert r.store.get("alice", queued.id).updated_at == stamp  # type: ignore[union-attr]
+        finally:
+            reconcile.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reconcile
+
+
 async def test_reconnect_after_drop_reseeds(sim: Sim, session: aiohttp.ClientSession) -> None:
     """A dropped socket is redialed and the identity reseeded, catching missed changes."""
     alice = sim.state.add_user("alice")
@@ -334,6 +364,32 @@ async def test_diagnosis_reads_a_workspace_build_once_and_only_when_asked(
         assert fa.build is not None and fa.build.status == "pending" and fb.build == fa.build
         assert fc.build is None and not fc.build_checked
         assert len(workspace_gets) == 1
+
+
+async def test_diagnosis_reads_agent_health_from_the_same_workspace_response(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """A workspace's agents (status, lifecycle_state) come with the build read, one GET;
+    a disconnected agent of a succeeded build is the hint's cause."""
+    alice = sim.state.add_user("alice")
+    ws = sim.state.add_workspace(alice)
+    ws.agent_status, ws.agent_lifecycle = "disconnected", "start_error"
+    chat = sim.state.add_chat(alice, status="running", workspace=ws)
+    async with watching(sim, alice, session) as r:
+        await eventually(lambda: r.health.ready)
+        seen = len(r.events.events)
+        rec = r.store.get("alice", chat.id)
+        assert rec is not None
+        got = await r.watcher.diagnosing.read(rec)
+        paths = [e["path"] for _, e in r.events.events[seen:] if e["type"] == "http:request"]
+        assert sum("/workspaces/" in p for p in paths) == 1
+        assert not any("agent" in p for p in paths)
+        assert got.build is not None
+        assert [(a.name, a.status, a.lifecycle_state) for a in got.build.agents] == [
+            ("main", "disconnected", "start_error")
+        ]
+        text = hint(Facts(record=rec, build=got.build))
+        assert "workspace agent main is unhealthy" in text and "start_error" in text
 
 
 @pytest.mark.looptime

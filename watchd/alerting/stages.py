@@ -36,6 +36,9 @@ class ReceiverStats:
     last_failure: float | None = None
     # Group keys whose last flush failed transiently: retried on their next flush.
     retrying: set[str] = field(default_factory=set)
+    # Loop time before which the receiver asked not to be sent to (its Retry-After): it
+    # holds across flushes, and for every group of the receiver.
+    hold_until: float = 0.0
 
 
 def mute(
@@ -95,12 +98,19 @@ async def retry_notify(
 ) -> bool:
     """Throttle, then retry + notify: send (each attempt waits for the receiver's rate
     limit), retrying a retryable failure with backoff (no sooner than Retry-After)
-    while within ``budget`` seconds. True when the receiver accepted it."""
+    while within ``budget`` seconds. A Retry-After holds past the flush: a later flush
+    (of any of the receiver's groups) waits for it too, or gives up at once when it lies
+    beyond its budget. True when the receiver accepted it."""
     receiver, group_key = notification.receiver, notification.group_key
     loop = asyncio.get_running_loop()
     give_up = loop.time() + budget
     backoff = Backoff(base=1.0, cap=30.0)
     while True:
+        hold = stats.hold_until - loop.time()
+        if hold > 0:
+            if loop.time() + hold > give_up:
+                return False  # still asked to wait past this flush: the next one tries
+            await asyncio.sleep(hold)
         await throttle()
         try:
             try:
@@ -131,6 +141,7 @@ async def retry_notify(
             delay = backoff.next()
             if exc.retry_after is not None:
                 delay = max(delay, exc.retry_after)
+                stats.hold_until = max(stats.hold_until, loop.time() + exc.retry_after)
             if loop.time() + delay > give_up:
                 stats.failed += 1
                 log.warning(

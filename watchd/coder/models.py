@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard, get_args
 
 import orjson
+from msgspec.structs import replace
 
 from watchd.coder.errors import PayloadError
 from watchd.coder.observing import Quota, ToolCall, WatchEvent, as_text, from_json
@@ -45,11 +46,34 @@ class User:
 
 
 @dataclass(frozen=True, slots=True)
+class Agent:
+    """A workspace agent as the workspace's latest build reports it (codersdk
+    ``WorkspaceAgent``): ``status`` connecting | connected | disconnected | timeout;
+    ``lifecycle_state`` created | starting | start_timeout | start_error | ready | …"""
+
+    name: str
+    status: str
+    lifecycle_state: str
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.status in ("disconnected", "timeout") or self.lifecycle_state in (
+            "start_error",
+            "start_timeout",
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class WorkspaceBuild:
     workspace_id: str
     status: str
     job_status: str = ""
     error_code: str = ""
+    # Read from the same response (latest_build.resources[].agents[]): no extra call.
+    agents: tuple[Agent, ...] = ()
+
+
+MAX_AGENTS = 16  # of one workspace's agents, read for diagnosis
 
 
 class MalformedFrame(ValueError):
@@ -100,7 +124,7 @@ def parse_watch_frame(text: str | bytes) -> WatchEvent | None:
         for c in raw_calls
         if isinstance(c, dict)
     )
-    return WatchEvent(kind, chat, calls)
+    return WatchEvent(kind, replace(chat, tool_calls=calls))
 
 
 def parse_user(obj: Any) -> User:
@@ -141,4 +165,19 @@ def parse_workspace_build(obj: Any) -> WorkspaceBuild:
         status=as_text(build, "status"),
         job_status=as_text(job, "status"),
         error_code=as_text(job, "error_code"),
+        agents=_agents(build),
     )
+
+
+def _agents(build: dict[str, Any]) -> tuple[Agent, ...]:
+    """The build's agents (at most MAX_AGENTS), tolerating what is missing or malformed."""
+    found: list[Agent] = []
+    resources = build.get("resources")
+    for res in resources if isinstance(resources, list) else ():
+        agents = res.get("agents") if isinstance(res, dict) else None
+        for a in agents if isinstance(agents, list) else ():
+            if isinstance(a, dict) and len(found) < MAX_AGENTS:
+                found.append(
+                    Agent(as_text(a, "name"), as_text(a, "status"), as_text(a, "lifecycle_state"))
+                )
+    return tuple(found)

@@ -71,6 +71,12 @@ class Quota:
         return None if self.unlimited else self.budget - self.credits_consumed
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    tool_call_id: str
+    tool_name: str
+
+
 class Observation(msgspec.Struct, gc=False):
     """One chat as one payload stated it (treated as immutable: nothing assigns to one).
 
@@ -102,6 +108,9 @@ class Observation(msgspec.Struct, gc=False):
     warnings: tuple[str, ...] = ()
     # created_at unparsed: read only when updated_at needs checking against it.
     created_raw: str | None = None
+    # The tool calls left pending: only an action_required watch event names them (the
+    # event's own ``tool_calls``, put here by the event readers).
+    tool_calls: tuple[ToolCall, ...] = ()
 
     def created(self) -> float | None:
         """created_at as epoch seconds, or None when absent or unreadable."""
@@ -115,18 +124,16 @@ class Observation(msgspec.Struct, gc=False):
             return None
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    tool_call_id: str
-    tool_name: str
-
-
 class WatchEvent(msgspec.Struct, gc=False):
     """One watch frame: its kind and the chat it observed (one is built per frame)."""
 
     kind: str
     chat: Observation
-    tool_calls: tuple[ToolCall, ...] = ()
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The event's ``tool_calls`` (carried on its chat)."""
+        return self.chat.tool_calls
 
 
 def flatten(chats: list[Observation]) -> list[Observation]:

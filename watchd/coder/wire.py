@@ -21,6 +21,7 @@ levels).
 from __future__ import annotations
 
 import msgspec
+from msgspec.structs import replace
 
 from watchd.coder.models import parse_watch_frame
 from watchd.coder.observing import ToolCall, WatchEvent, WireChat, from_wire
@@ -55,8 +56,5 @@ def read_event(data: str | bytes) -> WatchEvent | None:
     calls = w.tool_calls
     if not calls:
         return WatchEvent(kind, chat)
-    return WatchEvent(
-        kind,
-        chat,
-        tuple(ToolCall(c.tool_call_id or "", c.tool_name or "") for c in calls),
-    )
+    pending = tuple(ToolCall(c.tool_call_id or "", c.tool_name or "") for c in calls)
+    return WatchEvent(kind, replace(chat, tool_calls=pending))

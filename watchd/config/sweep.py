@@ -8,9 +8,9 @@ from pydantic import BeforeValidator, Field, field_validator
 
 from watchd.config.fields import TICK, Matchers, Strict, check_matchers, floor, parse_duration
 
-SWEEPABLE = frozenset(
-    {"running", "pending", "interrupting", "waiting", "error", "completed", "paused"}
-)
+# Never paused: its owner is editing a queued message (and coderd refuses to archive
+# its family).
+SWEEPABLE = frozenset({"running", "pending", "interrupting", "waiting", "error", "completed"})
 
 
 class SweepPolicy(Strict):
@@ -38,6 +38,8 @@ class SweepPolicy(Strict):
                 "requires_action chats are never swept: the pause may be the only "
                 "record of a committed client-tool effect"
             )
+        if "paused" in v:
+            raise ValueError("paused chats are never swept: the owner is editing a queued message")
         unknown = sorted(set(v) - SWEEPABLE)
         if unknown or not v:
             raise ValueError(f"statuses must be among {sorted(SWEEPABLE)} (got {unknown or v})")

@@ -18,7 +18,14 @@ from typing import NamedTuple
 from watchd.alerting.model import Alert
 from watchd.config.fields import duration_text, format_duration
 from watchd.detection.budgets import ChatVerdict
-from watchd.detection.diagnosis import INVALID_HINT, Facts, hint
+from watchd.detection.diagnosis import (
+    INVALID_HINT,
+    Facts,
+    agents_text,
+    hint,
+    ledger_keys,
+    pending_text,
+)
 from watchd.store.health import IdentityHealth
 from watchd.store.records import (
     CLOCK_LOWER_BOUND,
@@ -152,6 +159,9 @@ class Renderer:
             tail.append(("warnings", "; ".join(rec.warnings)))
         if rec.parent_id:
             tail.append(("parent_chat_id", rec.parent_id))
+        if rec.pending:
+            tail.append(("pending_tool_calls", pending_text(rec)))
+            tail.append(("client_ledger_keys", ledger_keys(rec)))
         if cut:
             tail.append(("labels_cut", cut))
         if rec.last_error is not None:
@@ -218,7 +228,13 @@ class Renderer:
             "clock": rec.clock if clock == "status" else "stalled",
             "clock_description": clock_text,
             "link": d.link,
-            "hint": hint(facts, burst=burst, invalid_state=invalid),
+            # Server time: the clock start plus the time in status measured on it.
+            "hint": hint(
+                facts,
+                burst=burst,
+                invalid_state=invalid,
+                now=rec.since + age if clock == "status" else None,
+            ),
         }
         if rec.workspace_id:
             annotations["workspace_id"] = rec.workspace_id
@@ -226,6 +242,8 @@ class Renderer:
             annotations["workspace_build"] = facts.build.status + (
                 f" ({facts.build.error_code})" if facts.build.error_code else ""
             )
+            if facts.build.agents:
+                annotations["workspace_agents"] = agents_text(facts.build)
         if facts.quota is not None:
             annotations["quota"] = (
                 "unlimited"

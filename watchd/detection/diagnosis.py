@@ -11,6 +11,7 @@ from typing import Protocol
 
 from watchd.coder.models import WorkspaceBuild
 from watchd.coder.observing import Quota
+from watchd.detection.failures import error_hint, retry_hint, retrying
 from watchd.store.records import ChatRecord
 
 
@@ -43,17 +44,28 @@ INVALID_HINT = (
 )
 
 
-def hint(facts: Facts, *, burst: int = 1, invalid_state: str | None = None) -> str:
+def hint(
+    facts: Facts, *, burst: int = 1, invalid_state: str | None = None, now: float | None = None
+) -> str:
     """``burst``: how many chats went past their budget in the same confirmation;
-    ``invalid_state``: coderd's message when a mutation found the state invalid."""
+    ``invalid_state``: coderd's message when a mutation found the state invalid; ``now``:
+    the server time the chat was judged at (without it, no retry-loop reading)."""
     rec = facts.record
     if invalid_state is not None:
         return INVALID_HINT
+    if rec.status == "error":
+        return error_hint(rec.last_error)
     if rec.status == "requires_action":
+        pending = (
+            f" (pending: {pending_text(rec)}; client ledger keys: {ledger_keys(rec)})"
+            if rec.pending
+            else " (which tool calls are pending was not seen: the action_required event "
+            "came before watchd watched)"
+        )
         return (
-            "a client tool pause is stranded: submit the stranded tool results or "
-            "reconcile the client's ledger first; do not interrupt blindly (the pause may "
-            "be the only record of a committed client-tool effect)"
+            f"a client tool pause is stranded{pending}: submit the stranded tool results "
+            "or reconcile the client's ledger first; do not interrupt blindly (the pause "
+            "may be the only record of a committed client-tool effect)"
         )
     build = facts.build
     if build is not None and (
@@ -73,6 +85,15 @@ def hint(facts: Facts, *, burst: int = 1, invalid_state: str | None = None) -> s
         return (
             f"workspace cannot be scheduled: latest build is {build.status}{quota_note}; "
             "check quota headroom and the provisioners"
+        )
+    sick = [a for a in build.agents if a.unhealthy] if build is not None else []
+    if sick:
+        a = sick[0]
+        return (
+            f"workspace agent {a.name or '?'} is unhealthy (status {a.status or '?'}, "
+            f"lifecycle {a.lifecycle_state or '?'}): the build succeeded but the chat cannot "
+            "reach its workspace; check the agent's logs and startup script, or restart "
+            "the workspace"
         )
     if rec.queued_for_capacity:
         return (
@@ -97,6 +118,8 @@ def hint(facts: Facts, *, burst: int = 1, invalid_state: str | None = None) -> s
             f"({facts.quota.credits_consumed}/{facts.quota.budget} credits): new builds "
             "will fail; reclaim credits by deleting workspaces"
         )
+    if now is not None and retrying(rec, now):
+        return retry_hint(rec, now)
     if not facts.build_checked and burst > 1:
         return (
             f"{burst} chats went past their budget together: look for a shared cause "
@@ -108,3 +131,19 @@ def hint(facts: Facts, *, burst: int = 1, invalid_state: str | None = None) -> s
         "requestTimeoutMs) or a wedged run (interrupt it; if that fails, stop the "
         "workspace)"
     )
+
+
+def pending_text(rec: ChatRecord) -> str:
+    """A stranded chat's pending tool calls as ``tool_name (tool_call_id)``."""
+    return ", ".join(f"{c.tool_name or '?'} ({c.tool_call_id or '?'})" for c in rec.pending)
+
+
+def ledger_keys(rec: ChatRecord) -> str:
+    """The client-tool ledger's keys for them: ``chatId/toolCallId``, as the seeds'
+    crash-safe ledger keys its entries."""
+    return ", ".join(f"{rec.chat_id}/{c.tool_call_id}" for c in rec.pending)
+
+
+def agents_text(build: WorkspaceBuild) -> str:
+    """A build's agents as ``name: status/lifecycle_state``."""
+    return ", ".join(f"{a.name}: {a.status}/{a.lifecycle_state}" for a in build.agents)

@@ -10,7 +10,9 @@ interrupt, "still active" waits for a later pass (three tries), and "Chat is
 in an invalid state." is its own answer: the chat is never recorded as
 interrupted or archived, stuck alerts say so, and only with
 ``reconcile_invalid`` opted in is ``POST …/reconcile-invalid`` called (once,
-rate-bounded, dry-run respected) before the chat is handled normally.
+rate-bounded, dry-run respected) before the chat is handled normally; its
+409 "not in an invalid state" means the chat healed, and its 404 is about the
+chat alone (recovering).
 ``orchestrator`` chats (one long-lived chat per user) are left alone unless
 a policy names them with a ``mode`` matcher. Every decision and action goes
 to the audit log (JSON lines), to ``/status``, and through the alert
@@ -19,4 +21,5 @@ acts twice. A dry run's plan is not an action: it never blocks a real run.
 """
 
 # policies (which policy applies, pure), sweeper (the passes and the actions on one
-# chat), audit (the JSON-lines trail), announcing (ChatSwept through the ledger).
+# chat), recovering (reconcile-invalid's answers), audit (the JSON-lines trail),
+# announcing (ChatSwept through the ledger).

@@ -22,6 +22,11 @@ def compile_policies(config: SweepConfig) -> Compiled:
     return [(p, parse_matchers(p.matchers)) for p in config.policies]
 
 
+# A client-tool pause may be the only record of a committed effect; a paused chat's
+# owner is editing a queued message.
+LEFT_ALONE = frozenset({"requires_action", "paused"})
+
+
 def match_policy(
     policies: Compiled,
     rec: ChatRecord,
@@ -29,8 +34,9 @@ def match_policy(
     now: float,
     labels: Mapping[str, str],
 ) -> SweepPolicy | None:
-    """The first policy that applies to a chat now (never for requires_action). Pure."""
-    if rec.status == "requires_action":
+    """The first policy that applies to a chat now (never for requires_action or
+    paused). Pure."""
+    if rec.status in LEFT_ALONE:
         return None
     all_labels = {
         **labels,

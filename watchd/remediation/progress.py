@@ -34,7 +34,8 @@ class SweepEntry:
     chat_id: str
     policy: str
     since: float
-    state: str  # planned | interrupt_sent | interrupted | archived | retry | gave_up
+    state: str  # planned | interrupt_sent | interrupted | archived | retry | gave_up | invalid
+    # | healed
     attempts: int
     updated: float
     detail: str | None = None

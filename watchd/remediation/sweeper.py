@@ -19,8 +19,9 @@ from watchd.kits import logs
 from watchd.kits.ratelimit import RateLimiter
 from watchd.remediation.announcing import Ledger, announcement, expire_announcements
 from watchd.remediation.audit import AuditLog
-from watchd.remediation.policies import compile_policies, match_policy
+from watchd.remediation.policies import LEFT_ALONE, compile_policies, match_policy
 from watchd.remediation.progress import SweepEntry, SweepProgress
+from watchd.remediation.recovering import recover
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
 from watchd.store.records import ChatRecord
@@ -29,9 +30,13 @@ from watchd.store.sqlite import StateFile
 log = logs.get("watchd.sweep")
 
 ACTIVE = frozenset({"running", "pending", "interrupting"})
-SETTLED = frozenset({"waiting", "error", "completed", "paused"})
+SETTLED = frozenset({"waiting", "error", "completed"})
+# The sweep's word for a paused chat, or a family coderd will not archive because one is.
+OWNER_EDITING = "owner editing"
 MAX_ATTEMPTS = 3
-TERMINAL = frozenset({"interrupted", "archived", "gave_up", "planned"})
+# "healed": reconcile-invalid found the chat consistent again; this episode is over.
+# "owner_editing": left alone for this episode, not a failure.
+TERMINAL = frozenset({"interrupted", "archived", "gave_up", "planned", "healed", "owner_editing"})
 # "invalid": a mutation answered 409 "Chat is in an invalid state."; waits for the
 # operator (or reconcile_invalid) and is not retried in a loop.
 WAITING = frozenset({"invalid"})
@@ -56,7 +61,6 @@ class Sweeper:
         self.config = config
         # Told (identity, chat id, coderd's message) when a chat's state is invalid.
         self.on_invalid = on_invalid
-        self._reconcile_missing: set[str] = set()  # identities whose server lacks the route
         self.store = store
         self.health = health
         self.clients = clients
@@ -75,6 +79,8 @@ class Sweeper:
             "gave_up": 0,
             "invalid": 0,
             "reconciled": 0,
+            "healed": 0,
+            "owner_editing": 0,
             "errors": 0,
         }
         self._limiters: dict[str, RateLimiter] = {}
@@ -165,14 +171,16 @@ class Sweeper:
             self._retry(entry, rec, policy, f"read failed: {exc}")
             return
         status = chat.status
-        if status == "requires_action" or chat.archived:
+        if status in LEFT_ALONE or chat.archived:
+            said = "archived" if chat.archived else status
+            editing = said == "paused"  # the owner's, not a failure
             self._record(
                 entry,
-                "gave_up",
+                "owner_editing" if editing else "gave_up",
                 rec=rec,
                 policy=policy,
                 action="none",
-                detail=f"left alone: chat is {'archived' if chat.archived else status}",
+                detail=f"left alone: chat is {said}" + (f" ({OWNER_EDITING})" if editing else ""),
             )
             return
         wants_interrupt = policy.action in ("interrupt", "interrupt_then_archive")
@@ -253,6 +261,12 @@ class Sweeper:
                 return
             if exc.status == 400 and "already archived" in exc.message.lower():
                 pass
+            elif exc.status == 409 and "paused" in exc.message.lower():
+                detail = f"archive refused ({OWNER_EDITING}): {exc.message}"
+                self._record(
+                    entry, "owner_editing", rec=rec, policy=policy, action="none", detail=detail
+                )
+                return
             elif exc.status == 409 or (exc.status == 400 and "root chat" in exc.message):
                 self._retry(entry, rec, policy, f"archive refused: {exc.message}")
                 return
@@ -272,49 +286,34 @@ class Sweeper:
         client: CoderClient,
         target: str | None = None,
     ) -> None:
-        """409 "Chat is in an invalid state.": say so (audit, stuck alerts); reconcile only
-        when opted in and the server has the route; never count it as done."""
-        chat_id = target or entry.chat_id
-        said = f"execution state invalid: coderd answered 409 {exc.message!r}"
+        """409 "Chat is in an invalid state.": say so (audit, stuck alerts); recover only
+        when opted in (:func:`recover`); never count it as done."""
         if self.on_invalid is not None:
             self.on_invalid(entry.identity, entry.chat_id, exc.message)
-        missing = f"{said}; this server has no reconcile-invalid route"
-        if entry.identity in self._reconcile_missing:
-            self._record(entry, "invalid", rec=rec, policy=policy, action="none", detail=missing)
-            return
-        if not self.config.reconcile_invalid:
-            off = f"{said}; left alone (sweep.reconcile_invalid is off)"
-            self._record(entry, "invalid", rec=rec, policy=policy, action="none", detail=off)
-            return
-        await self._limiter(entry.identity).acquire()
-        try:
-            await client.reconcile_invalid(chat_id)
-        except CoderError as err:
-            if err.status == 404:
-                self._reconcile_missing.add(entry.identity)
-                log.warning(
-                    "sweep.reconcile_invalid_unsupported",
-                    identity=entry.identity,
-                    note="this Coder server has no POST …/reconcile-invalid; said once",
-                )
-                self._record(
-                    entry, "invalid", rec=rec, policy=policy, action="none", detail=missing
-                )
-                return
-            self._retry(entry, rec, policy, f"reconcile-invalid failed: {err}")
-            return
-        self.counts["reconciled"] += 1
-        # Reconciled: the chat is now in `error`; later passes treat it like any other.
-        entry = replace(entry, state="retry", updated=time.time(), detail="reconciled")
-        self.progress.put(entry)
-        self.audit.write(
-            entry,
-            action="reconcile_invalid",
-            rec=rec,
-            policy=policy.name,
-            dry_run=False,
-            detail=f"{said}; reconcile-invalid accepted (the chat moves to error)",
+        out = await recover(
+            client,
+            target or entry.chat_id,
+            said=f"execution state invalid: coderd answered 409 {exc.message!r}",
+            opted_in=self.config.reconcile_invalid,
+            acquire=self._limiter(entry.identity).acquire,
         )
+        if out.state == "retry":
+            self._retry(entry, rec, policy, out.detail)
+        elif out.state == "reconciled":
+            self.counts["reconciled"] += 1
+            # Now in `error`: later passes treat it like any other chat.
+            entry = replace(entry, state="retry", updated=time.time(), detail="reconciled")
+            self.progress.put(entry)
+            self.audit.write(
+                entry,
+                action="reconcile_invalid",
+                rec=rec,
+                policy=policy.name,
+                dry_run=False,
+                detail=out.detail,
+            )
+        else:
+            self._record(entry, out.state, rec=rec, policy=policy, action="none", detail=out.detail)
 
     def _retry(
         self, entry: SweepEntry, rec: ChatRecord | None, policy: SweepPolicy, detail: str

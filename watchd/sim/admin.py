@@ -254,6 +254,8 @@ class AdminAPI:
             job_status=body.get("job_status", "succeeded"),
             error_code=body.get("error_code", ""),
         )
+        ws.agent_status = body.get("agent_status", ws.agent_status)
+        ws.agent_lifecycle = body.get("agent_lifecycle", ws.agent_lifecycle)
         return json_response(200, {"id": ws.id})
 
     async def admin_era(self, request: web.Request) -> web.StreamResponse:

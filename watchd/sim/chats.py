@@ -32,6 +32,13 @@ Q_KEYS = frozenset(
 )
 
 
+# patchChat: a family with a member paused at a queued message under edit (in flight).
+PAUSED_ARCHIVE_REFUSAL = (
+    "Cannot archive: a chat in this family is paused at a queued message under edit. "
+    "Finish editing, send, or remove that message first."
+)
+
+
 class ChatsAPI:
     """The handlers of ``/api/{v2,experimental}/chats…`` over one :class:`SimState`."""
 
@@ -264,6 +271,8 @@ class ChatsAPI:
         if chat.archived:
             raise SimError(400, "Chat is already archived.")
         if state.era.state_machine:
+            if any(m.status == "paused" for m in state.family(chat)):
+                raise SimError(409, PAUSED_ARCHIVE_REFUSAL)
             if chat.status not in ARCHIVABLE:
                 raise SimError(
                     409,
@@ -284,15 +293,32 @@ class ChatsAPI:
         return web.Response(status=204)
 
     async def reconcile_invalid(self, request: web.Request) -> web.StreamResponse:
-        """``POST …/reconcile-invalid`` (newest servers): an inconsistent chat → ``error``.
-        The answer for a consistent chat is not known from coderd's source; the simulator
-        refuses it with 409 so a client cannot rely on it being harmless."""
+        """``POST …/reconcile-invalid`` (newest servers): an inconsistent chat → ``error``
+        (200 with the chat); 409 "Chat is not in an invalid state." for a consistent one;
+        400 for an archived chat; 404 for a chat that is missing or not the caller's; 503
+        with chatd off."""
         chat = self.own_chat(request)
         try:
-            self.state.reconcile_invalid(chat)
+            if not self.state.faults.chatd_enabled:
+                raise SimError(503, "AI Gateway must be enabled to use chats.")
+            if chat.archived:
+                raise SimError(400, "Cannot mutate an archived chat.")
+            if not chat.invalid_state:
+                raise SimError(409, "Chat is not in an invalid state.")
         except SimError as exc:
             self.state.mutations.append(("reconcile_invalid", chat.id, exc.status))
             raise
+        chat.invalid_state = False
+        chat.script.clear()
+        self.state.set_status(
+            chat.id,
+            "error",
+            last_error={
+                "message": "The chat's execution state was invalid and has been reset.",
+                "kind": "generic",
+                "retryable": False,
+            },
+        )
         self.state.mutations.append(("reconcile_invalid", chat.id, 200))
         return json_response(200, chat_json(self.state, chat, single=True))
 

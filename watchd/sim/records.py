@@ -68,6 +68,10 @@ class SimWorkspace:
     job_status: str = "succeeded"
     error_code: str = ""
     cost: int = 10
+    # Its one agent (codersdk.WorkspaceAgent): connecting | connected | disconnected |
+    # timeout, and created | starting | start_timeout | start_error | ready | ….
+    agent_status: str = "connected"
+    agent_lifecycle: str = "ready"
 
 
 @dataclass

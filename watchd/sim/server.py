@@ -245,6 +245,18 @@ class SimServer:
                     "transition": "start",
                     "daily_cost": ws.cost,
                     "job": {"status": ws.job_status, "error_code": ws.error_code},
+                    "resources": [
+                        {
+                            "name": "dev",
+                            "agents": [
+                                {
+                                    "name": "main",
+                                    "status": ws.agent_status,
+                                    "lifecycle_state": ws.agent_lifecycle,
+                                }
+                            ],
+                        }
+                    ],
                 },
             },
         )

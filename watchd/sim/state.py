@@ -277,22 +277,6 @@ class SimState(PubSub, HttpRate):
         if chat.invalid_state:
             raise SimError(409, "Chat is in an invalid state.")
 
-    def reconcile_invalid(self, chat: SimChat) -> None:
-        """``POST …/reconcile-invalid``: an inconsistent chat is moved to ``error``."""
-        if not chat.invalid_state:
-            raise SimError(409, "Chat is not in an invalid state.")
-        chat.invalid_state = False
-        chat.script.clear()
-        self.set_status(
-            chat.id,
-            "error",
-            last_error={
-                "message": "The chat's execution state was invalid and has been reset.",
-                "kind": "generic",
-                "retryable": False,
-            },
-        )
-
     def _admit(self, now: float) -> None:
         """Apply the concurrency cap: the oldest running chats hold the slots."""
         f = self.faults
@@ -310,13 +294,15 @@ class SimState(PubSub, HttpRate):
             else:
                 children += 1
                 over = f.capacity_children is not None and children > f.capacity_children
-            if over:
-                # Capacity writes do not bump updated_at; the turn has not started.
-                chat.queued_for_capacity = True
-                chat.entered_at = now
-            elif chat.queued_for_capacity:
-                chat.queued_for_capacity = False
-                chat.entered_at = now
+            if over == chat.queued_for_capacity:
+                if over:
+                    chat.entered_at = now
+                continue
+            # Capacity writes do not bump updated_at; the turn has not started. The event
+            # carries the list-row shape: no flag (in flight upstream).
+            chat.queued_for_capacity = over
+            chat.entered_at = now
+            self.publish(chat, "capacity_change")
 
     def tick(self) -> None:
         """Advance every scripted chat whose step has run its time."""

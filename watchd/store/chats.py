@@ -37,6 +37,7 @@ from watchd.store.records import (
     FUTURE_TOLERANCE,
     Change,
     ChatRecord,
+    bounded_calls,
     build,
     clock_start,
 )
@@ -146,13 +147,21 @@ class ChatStore:
                 return self._transition(identity, chat, old, now=now, via=via)
         if chat.status != old.status:
             return self._transition(identity, chat, old, now=now, via=via)
-        if says_nothing_new(
-            old,
-            status=chat.status,
-            updated_at=stamp,
-            title=chat.title,
-            queued=chat.queued_for_capacity,
-        ) and (via != "confirm" or _details(chat) == _details(old)):
+        if (
+            says_nothing_new(
+                old,
+                status=chat.status,
+                updated_at=stamp,
+                title=chat.title,
+                queued=chat.queued_for_capacity,
+            )
+            and (via != "confirm" or _details(chat) == _details(old))
+            and (
+                # The action_required event can come after a listing showed the same stamp:
+                # it still says what is pending.
+                not chat.tool_calls or bounded_calls(chat.tool_calls) == old.pending
+            )
+        ):
             # Nothing but our sighting moved: keep the record, note when we saw it.
             self._seen[(identity, chat.id)] = now
             return None

@@ -14,7 +14,7 @@ from typing import Literal, NewType
 
 import msgspec
 
-from watchd.coder.observing import ChatError, Observation
+from watchd.coder.observing import ChatError, Observation, ToolCall
 
 Identity = NewType("Identity", str)
 ChatKey = tuple[str, str]  # (identity, chat id)
@@ -48,6 +48,23 @@ def bounded_labels(labels: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str]
     return kept
 
 
+# The tool calls a record keeps for a stranded chat (ChatStranded names them): at most
+# MAX_PENDING, each id and name cut to PENDING_TEXT_MAX characters.
+MAX_PENDING = 8
+PENDING_TEXT_MAX = 128
+
+
+def bounded_calls(calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+    """``calls`` as a record keeps them (see MAX_PENDING)."""
+    if not calls:
+        return calls
+    n = PENDING_TEXT_MAX
+    kept = calls[:MAX_PENDING]
+    if all(len(c.tool_call_id) <= n and len(c.tool_name) <= n for c in kept):
+        return kept
+    return tuple(ToolCall(c.tool_call_id[:n], c.tool_name[:n]) for c in kept)
+
+
 CLOCK_TRANSITION: ClockSource = "transition"
 CLOCK_SYNTHESIZED: ClockSource = "synthesized"
 CLOCK_LOWER_BOUND: ClockSource = "lower_bound"
@@ -77,6 +94,8 @@ class ChatRecord:
     client_type: str = ""
     context_error: str = ""
     warnings: tuple[str, ...] = ()
+    # requires_action only: the tool calls its action_required event left pending.
+    pending: tuple[ToolCall, ...] = ()
 
     @property
     def key(self) -> ChatKey:
@@ -134,6 +153,10 @@ def build(
             chat.client_type or p.client_type,
             chat.context_error if full else p.context_error,
             chat.warnings if full else p.warnings,
+            # Only an action_required event names them; a later sighting in the same
+            # status keeps them.
+            bounded_calls(chat.tool_calls)
+            or (p.pending if status == p.status == "requires_action" else ()),
         )
     return ChatRecord(
         identity,
@@ -155,6 +178,7 @@ def build(
         chat.client_type,
         chat.context_error,
         chat.warnings,
+        bounded_calls(chat.tool_calls) if chat.status == "requires_action" else (),
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from watchd.coder.observing import ChatError
+from watchd.coder.observing import ChatError, ToolCall
 from watchd.store.records import ChatRecord
 from watchd.store.sqlite import Part, StateFile, dumps
 
@@ -130,8 +130,16 @@ def chat_row(r: ChatRecord) -> tuple[Any, ...]:
         err,
         None if r.queued_for_capacity is None else int(r.queued_for_capacity),
         r.version,
-        dumps([r.mode, r.client_type, r.context_error, r.warnings])
-        if r.mode or r.client_type or r.context_error or r.warnings
+        dumps(
+            [
+                r.mode,
+                r.client_type,
+                r.context_error,
+                r.warnings,
+                [[c.tool_call_id, c.tool_name] for c in r.pending],
+            ]
+        )
+        if r.mode or r.client_type or r.context_error or r.warnings or r.pending
         else None,
     )
 
@@ -156,9 +164,11 @@ def chat_record(row: Iterable[Any]) -> ChatRecord:
         details,
     ) = row
     last_error = ChatError(**orjson.loads(err)) if err else None
-    mode, client_type, context_error, warnings = (
+    # Rows written before pending tool calls were kept have four details.
+    mode, client_type, context_error, warnings, *rest = (
         orjson.loads(details) if details else ("", "", "", ())
     )
+    pending = tuple(ToolCall(str(i), str(n)) for i, n in rest[0]) if rest else ()
     return ChatRecord(
         identity=identity,
         chat_id=chat_id,
@@ -179,4 +189,5 @@ def chat_record(row: Iterable[Any]) -> ChatRecord:
         client_type=client_type,
         context_error=context_error,
         warnings=tuple(warnings),
+        pending=pending,
     )

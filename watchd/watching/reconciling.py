@@ -41,6 +41,9 @@ log = logs.get("watchd.watching")
 # while a listing pages, so those are always confirmed by GET.
 ABSENT_GET_LIMIT = 20
 ABSENT_GETS_PER_PASS = 100
+# capacity_change events waiting for their GET, at most: a burst of queueing beyond it
+# is learned by the confirmation GET before anything fires.
+CAPACITY_READS_MAX = 100
 
 
 class ChangeSink(Protocol):
@@ -78,8 +81,9 @@ class Reconciler:
         self.drop_stream = drop_stream
         self._relist_lock = asyncio.Lock()
         self._relist_now = False
-        # Chats waiting for a GET, in order: "absent" (a listing lacked them) or "dirty"
-        # (their events overflowed the buffer during a listing).
+        # Chats waiting for a GET, in order: "absent" (a listing lacked them), "dirty"
+        # (their events overflowed the buffer during a listing) or "capacity" (queued or
+        # admitted: the event does not say which).
         self.to_confirm: dict[str, str] = {}
         self._absent_wake = asyncio.Event()
         # Which of the clock warnings this identity has said (each once): date, stamps,
@@ -95,6 +99,25 @@ class Reconciler:
         else:
             self._relist_now = True
         log.info("watch.reread", identity=self.name, chats=len(dirty), by_listing=self._relist_now)
+        self._absent_wake.set()
+
+    def capacity_changed(self, chat_ids: Iterable[str]) -> None:
+        """Chats a ``capacity_change`` event named: its payload is a list row (no
+        ``queued_for_capacity``, ``updated_at`` unchanged), so each is read by GET to learn
+        the flag, once however many events name it, and at most CAPACITY_READS_MAX."""
+        queue = self.to_confirm
+        waiting = sum(1 for why in queue.values() if why == "capacity")
+        dropped = 0
+        for chat_id in chat_ids:
+            if chat_id in queue:
+                continue
+            if waiting >= CAPACITY_READS_MAX:
+                dropped += 1
+                continue
+            queue[chat_id] = "capacity"
+            waiting += 1
+        if dropped:
+            log.info("capacity.reads_dropped", identity=self.name, chats=dropped)
         self._absent_wake.set()
 
     async def forever(self) -> None:
@@ -245,7 +268,8 @@ class Reconciler:
             why = self.to_confirm.pop(chat_id, "absent")
             if why == "absent" and chat_id not in absent:
                 continue  # seen again meanwhile (an event, a later listing)
-            self.health.absent_confirms += 1
+            if why != "capacity":
+                self.health.absent_confirms += 1
             change: Change | None
             try:
                 chat = await self.client.get_chat(chat_id)

@@ -409,6 +409,8 @@ class IdentityWatcher:
         changes = self.store.observe_events(self.name, events, now=self.health.server_clock.now())
         if changes:
             self.changes.apply(self.name, changes)
+        if moved := [e.chat.id for e in events if e.kind == "capacity_change"]:
+            self.reconciler.capacity_changed(moved)
 
     # -- the reconcile beside the stream, and what the detector's confirmer reads -------
 
