@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import typing
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,27 @@ def test_notifications_failing_needed_ignoring_outcome(tmp_path: Path) -> None:
     assert r.returncode == 1
     out = r.stdout + r.stderr
     assert "WatchdNotificationsFailing" in out and "got:[]" in out.replace(" ", "")
+
+
+def test_every_rule_and_every_alert_watchd_sends_has_a_runbook() -> None:
+    """Each rule carries a description and a runbook_url that points at a section of
+    docs/runbooks.md, and every alert watchd itself sends has a section there too."""
+    import re
+
+    from watchd.detection.budgets import ChatVerdict
+
+    text = (ROOT / "docs" / "runbooks.md").read_text()
+    anchors = {h.strip().lower() for h in re.findall(r"^#+ (\S+)$", text, re.M)}
+    rules = yaml.safe_load((ROOT / "alerts" / "watchd.rules.yml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            ann = rule["annotations"]
+            assert ann.get("description"), rule["alert"]
+            url = ann["runbook_url"]
+            assert url == f"docs/runbooks.md#{rule['alert'].lower()}", url
+            assert rule["alert"].lower() in anchors, rule["alert"]
+    sent = set(typing.get_args(ChatVerdict)) | {
+        "ChatSwept", "IdentityUnhealthy", "IdentityDegraded", "QuotaLow",
+        "QuotaExhaustionForecast", "StateNotPersisted", "StateReset", "Watchdog",
+    }  # fmt: skip
+    assert {n.lower() for n in sent} <= anchors, sorted(n for n in sent if n.lower() not in anchors)
