@@ -124,7 +124,11 @@ class ChatStore:
         if recs is None:
             recs = self._by_identity[identity] = {}
         old = recs.get(chat.id)
-        chat = self._sane(identity, chat, now=now)
+        ts = chat.updated_at
+        if ts is not None and (
+            ts > now + FUTURE_TOLERANCE or ts < now - _OLD_STAMP or chat.created_at is not None
+        ):
+            chat = self._sane(identity, chat, now=now)
         if self._absent:
             absent = self._absent.get(identity)
             if absent:
@@ -144,9 +148,9 @@ class ChatStore:
             if stamp > held and via == "watch" and kind in TRANSITION_EVENTS:
                 # coderd publishes these only on a transition: the same status with a newer
                 # stamp proves a round trip whose other events were lost (a re-entry).
-                return self._transition(identity, chat, old, now=now, via=via)
+                return self._transition(identity, chat, old, now, via)
         if chat.status != old.status:
-            return self._transition(identity, chat, old, now=now, via=via)
+            return self._transition(identity, chat, old, now, via)
         if (
             says_nothing_new(
                 old,
@@ -192,7 +196,7 @@ class ChatStore:
         return Change("new", rec, None, via=via)
 
     def _transition(
-        self, identity: str, chat: Observation, old: ChatRecord, *, now: float, via: str
+        self, identity: str, chat: Observation, old: ChatRecord, now: float, via: str
     ) -> Change:
         """A new clock: seen on the stream (``transition``), or inferred from a listing or
         a read that shows another status (``synthesized``)."""
