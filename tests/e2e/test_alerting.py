@@ -205,7 +205,8 @@ async def test_silence_api_and_cli(
     out = await run_cli(
         *cli, "add", 'identity="team-a"', "--duration", "1h", "--comment", "maintenance"
     )
-    sid = json.loads(out.stdout)["id"]
+    sid = out.stdout.strip()  # as amtool: the new silence's id alone
+    assert sid and "\n" not in sid, out.stdout
     await sim.add_chat("alice", status="running")
     await eventually(lambda: d.firing("ChatStuck"), within=10)
     await asyncio.sleep(2.5)
