@@ -36,6 +36,7 @@ from watchd.config.watching import IdentityConfig
 from watchd.daemon import reloading, view
 from watchd.daemon.heartbeat import Heartbeat
 from watchd.daemon.identities import Identities, plan, user_agent
+from watchd.daemon.ingesting import IngestPort
 from watchd.daemon.metrics import Metrics
 from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir, open_state
 from watchd.daemon.sdnotify import SdNotifier, keep_informed
@@ -168,9 +169,13 @@ class Daemon:
         )
         self.sweep.sweeper = self.sweep.build(config.sweep)
         self.history = ChatHistory()
+        self.ingest = IngestPort(sink=self.telemetry.sink, token=lambda: self.secrets.ingest_token)
         self.server = Server(
             self,
+            ingest=self.ingest,
             listen=config.server.listen,
+            max_body_bytes=config.server.max_body_bytes,
+            identities=len(config.identities),
             silences=SilencesApi(self.silences, lambda: self.secrets.admin_token),
             render_metrics=self.metrics.render,
         )
@@ -273,7 +278,7 @@ class Daemon:
 
     @property
     def ingest_counts(self) -> Mapping[str, int]:
-        return self.server.ingest_counts
+        return self.ingest.snapshot()
 
     def settled(self) -> bool:
         """Every identity's first seed attempt has ended, seeded or not (READY=1, /readyz).

@@ -20,7 +20,6 @@ from watchd.alerting.model import fingerprint
 from watchd.alerting.receivers.base import READ_CAPS
 from watchd.alerting.silencing import Inhibitor, Silencer
 from watchd.config.model import Config
-from watchd.config.secrets import ResolvedSecrets
 from watchd.daemon.heartbeat import Heartbeat
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
@@ -49,8 +48,6 @@ class DaemonView(Protocol):
 
     @property
     def config(self) -> Config: ...
-    @property
-    def secrets(self) -> ResolvedSecrets: ...
     @property
     def version(self) -> str: ...
     @property
