@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
 import aiohttp
@@ -33,7 +32,7 @@ from watchd.config.fields import ConfigError
 from watchd.config.model import Config, shard_index
 from watchd.config.secrets import ResolvedSecrets
 from watchd.config.watching import IdentityConfig
-from watchd.daemon import reloading, view
+from watchd.daemon import reloading, snapshot, view
 from watchd.daemon.heartbeat import Heartbeat
 from watchd.daemon.identities import Identities, plan, user_agent
 from watchd.daemon.ingesting import IngestPort
@@ -42,6 +41,7 @@ from watchd.daemon.preflight import StartupError, bind_problem, effective_state_
 from watchd.daemon.sdnotify import SdNotifier, keep_informed
 from watchd.daemon.server import Server
 from watchd.daemon.silences_api import SilenceBook, SilencesApi
+from watchd.daemon.snapshot import Snapshot
 from watchd.daemon.spans import build_pipeline, file_sources
 from watchd.daemon.statewatch import StateWatch
 from watchd.daemon.stopping import stop_in_order
@@ -276,9 +276,22 @@ class Daemon:
         """The identities this replica watches under ``config`` (the current one)."""
         return (config or self.config).owned_identities(self.shard_index)
 
-    @property
-    def ingest_counts(self) -> Mapping[str, int]:
-        return self.ingest.snapshot()
+    def snapshot(self) -> Snapshot:
+        """Every subsystem's numbers as plain data, for /status and /metrics."""
+        return snapshot.take(
+            store=self.store,
+            health=self.health,
+            watchers=self.watchers,
+            db=self.db,
+            deadman=self.deadman,
+            sweep=self.sweep,
+            dispatcher=self.dispatcher,
+            telemetry=self.telemetry,
+            ingest=self.ingest,
+            file_sources=self.file_sources,
+            reloads=self.reloads,
+            last_reload=self.last_reload,
+        )
 
     def settled(self) -> bool:
         """Every identity's first seed attempt has ended, seeded or not (READY=1, /readyz).
@@ -297,7 +310,7 @@ class Daemon:
         return not view.liveness_problems(self)
 
     def alive_and_seeing(self) -> str | None:
-        return view.not_seeing(self)
+        return view.not_seeing(self, persisting=self.db.persisting)
 
     async def _systemd(self) -> None:
         await keep_informed(

@@ -1,6 +1,7 @@
-"""The live collector behind ``/metrics``: families computed from the daemon's objects
-(through :class:`~watchd.daemon.view.DaemonView`) on every scrape, so there is no
-second copy of any number to drift.
+"""The live collector behind ``/metrics``: families computed on every scrape from the
+daemon's snapshot (:class:`~watchd.daemon.snapshot.Snapshot`), identity health and the
+firing alerts (through :class:`~watchd.daemon.view.DaemonView`), so there is no second
+copy of any number to drift.
 
 Every labelled series exists from start-up (at 0): per identity for each known
 status and alert name, per receiver for each outcome, per guarded task kind, so
@@ -14,15 +15,15 @@ from __future__ import annotations
 import math
 import platform
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
-from watchd.alerting.receivers.simple import AlertmanagerNotifier
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
-from watchd.daemon.view import DaemonView, read_caps, telemetry_summary
+from watchd.daemon.snapshot import DispatchSnapshot, Snapshot
+from watchd.daemon.view import DaemonView
 from watchd.detection.alerts import SEVERITY
 from watchd.kits.tasks import TASKS
 
@@ -67,6 +68,7 @@ class Live(Collector):
 
     def collect(self) -> Iterator[Metric]:
         d = self.d
+        snap = d.snapshot()
         info = InfoMetricFamily("watchd_build", "watchd's version and runtime.")
         info.add_metric(
             [],
@@ -78,80 +80,36 @@ class Live(Collector):
         )
         yield info
         yield from self._sharding()
+        yield from _chats(snap)
+        yield from _state_and_tasks(snap)
+        yield from self._identities()
+        yield from self._activity(snap)
+        yield from self._quota()
+        yield from self._forecast()
+        if snap.sweep is not None:
+            sweep = _counter(
+                "watchd_sweep_total",
+                "Sweep decisions and actions by outcome.",
+                ["outcome", "dry_run"],
+            )
+            for k, v in sorted(snap.sweep.counts.items()):
+                sweep.add_metric([k, str(snap.sweep.dry_run).lower()], v)
+            yield sweep
+        yield from _telemetry(snap.telemetry)
+        if snap.dispatch is not None:
+            yield from _dispatch(snap.dispatch)
+
+    def _identities(self) -> Iterator[Metric]:
+        """Alerts firing per identity and alert name, and each identity's watch."""
+        d = self.d
         ident = list(d.health.items())
-        names = [n for n, _ in ident]
-
-        chats = _gauge(
-            "watchd_chats", "Chats known, by identity and status.", ["identity", "status"]
-        )
-        unknown = 0
-        for name in names:
-            counts: Counter[str] = Counter()
-            for r in d.store.records(name):
-                # A status this build does not know is one series, `other`, however many
-                # distinct strings a server sends: the label space stays bounded.
-                if r.status in KNOWN:
-                    counts[r.status] += 1
-                else:
-                    counts[OTHER] += 1
-                    unknown += 1
-            for status in (*sorted(STATUSES), OTHER):
-                chats.add_metric([name, status], counts.get(status, 0))
-        yield chats
-        yield _single(
-            _gauge(
-                "watchd_chats_unknown_status",
-                "Chats whose status this build does not know (in watchd_chats as status=other).",
-                [],
-            ),
-            unknown,
-        )
-        yield _single(
-            _gauge("watchd_state_persisting", "1 while state writes succeed, else 0.", []),
-            1 if d.db.persisting else 0,
-        )
-        yield _single(
-            _counter("watchd_state_write_failures", "State writes that failed.", []),
-            d.db.write_failures,
-        )
-        cut = _counter(
-            "watchd_reads_cut",
-            "Reads from outside that hit their bound (docs/limits.md), by kind.",
-            ["kind"],
-        )
-        for cap_kind, cap_hits in read_caps(d).items():
-            cut.add_metric([cap_kind], cap_hits)
-        yield cut
-        restarts = _counter(
-            "watchd_task_restarts",
-            "Restarts of guarded long-lived tasks after a crash, by task kind.",
-            ["task"],
-        )
-        up = _gauge("watchd_task_up", "Guarded long-lived tasks running, by task kind.", ["task"])
-        running = TASKS.up_by_kind()
-        for kind in sorted(TASK_KINDS | TASKS.kinds):
-            restarts.add_metric([kind], TASKS.restarts.get(kind, 0))
-            up.add_metric([kind], running.get(kind, 0))
-        yield restarts
-        yield up
-        beats = _counter("watchd_heartbeats", "Dead man's switch beats, by outcome.", ["outcome"])
-        hb = d.deadman
-        for beat, beat_count in (
-            ("sent", hb.sent if hb else 0),
-            ("failed", hb.failed if hb else 0),
-            ("withheld", hb.withheld if hb else 0),
-            ("ping_skipped", hb.pings_skipped if hb else 0),
-        ):
-            beats.add_metric([beat], beat_count)
-        yield beats
-
         firing = Counter((a.labels.get("identity", ""), a.name) for a in d.detector.firing.values())
         alerts = _gauge(
             "watchd_alerts_firing",
             "Alerts firing, by identity and alert name.",
             ["identity", "alertname"],
         )
-        keys = {(i, n) for i in names for n in ALERT_NAMES} | firing.keys()
+        keys = {(i, n) for i, _ in ident for n in ALERT_NAMES} | firing.keys()
         for i, n in sorted(keys):
             alerts.add_metric([i, n], firing.get((i, n), 0))
         yield alerts
@@ -187,32 +145,42 @@ class Live(Collector):
                 age.add_metric([n], round(h.server_clock.now() - h.last_list_ok, 3))
         yield age
 
+    def _activity(self, snap: Snapshot) -> Iterator[Metric]:
+        """The store's and the detector's counters, reloads and writes pending."""
         yield _single(
             _counter(
                 "watchd_synthesized_transitions_total",
                 "Transitions found by a listing that the stream never delivered.",
                 [],
             ),
-            d.store.synthesized,
+            snap.store.synthesized,
         )
         det = _counter("watchd_detector_events_total", "Detector activity by kind.", ["kind"])
-        for k, v in sorted(d.detector.counters.items()):
+        for k, v in sorted(self.d.detector.counters.items()):
             det.add_metric([k], v)
         yield det
-        yield _single(_gauge("watchd_timers", "Armed chat clocks.", []), len(d.detector.timers))
+        yield _single(
+            _gauge("watchd_timers", "Armed chat clocks.", []), len(self.d.detector.timers)
+        )
         yield _single(
             _counter("watchd_store_overflow_total", "Chats not stored: store at capacity.", []),
-            d.store.overflow,
+            snap.store.overflow,
         )
         reloads = _counter("watchd_config_reloads_total", "SIGHUP reloads by outcome.", ["outcome"])
-        for k, v in sorted(d.reloads.items()):
+        for k, v in sorted(snap.reloads.items()):
             reloads.add_metric([k], v)
         yield reloads
         yield _single(
             _gauge("watchd_state_pending_writes", "Chat records not yet flushed to disk.", []),
-            d.db.pending if d.db else 0,
+            snap.state.pending,
         )
-        quota = [(n, h.quota) for n, h in ident if h.quota is not None and not h.quota.unlimited]
+
+    def _quota(self) -> Iterator[Metric]:
+        quota = [
+            (n, h.quota)
+            for n, h in self.d.health.items()
+            if h.quota is not None and not h.quota.unlimited
+        ]
         headroom = _gauge(
             "watchd_quota_headroom_credits", "Workspace quota budget minus consumed.", ["identity"]
         )
@@ -222,18 +190,6 @@ class Live(Collector):
             budget.add_metric([n], float(q.budget))
         yield headroom
         yield budget
-        yield from self._forecast()
-        if d.sweeper is not None:
-            sweep = _counter(
-                "watchd_sweep_total",
-                "Sweep decisions and actions by outcome.",
-                ["outcome", "dry_run"],
-            )
-            for k, v in sorted(d.sweeper.counts.items()):
-                sweep.add_metric([k, str(d.config.sweep.dry_run).lower()], v)
-            yield sweep
-        yield from self._telemetry()
-        yield from self._dispatch()
 
     def _forecast(self) -> Iterator[Metric]:
         """Per identity: the fitted rate, and the seconds until the line reaches the budget
@@ -283,117 +239,179 @@ class Live(Collector):
         yield owner
         yield watched
 
-    def _telemetry(self) -> Iterator[Metric]:
-        t = telemetry_summary(self.d)
-        events = _counter(
-            "watchd_transport_events_total",
-            "Transport events into the span pipeline, accepted or dropped (queue full).",
-            ["outcome"],
-        )
-        events.add_metric(["accepted"], t["events_accepted"])
-        events.add_metric(["dropped"], t["events_dropped"])
-        yield events
-        ingest = _counter(
-            "watchd_ingest_requests_total", "Ingest requests by outcome.", ["outcome"]
-        )
-        for k, v in sorted(t["ingest"].items()):
-            ingest.add_metric([k], v)
-        yield ingest
-        yield _single(
-            _gauge("watchd_event_queue_depth", "Transport events waiting for conversion.", []),
-            t["event_queue_depth"],
-        )
-        yield _single(
-            _gauge(
-                "watchd_span_open_pairs",
-                "Requests, connections and segments awaiting their end event.",
-                [],
-            ),
-            t["open_pairs"],
-        )
-        lines = _counter(
-            "watchd_file_source_lines_total",
-            "Lines read from telemetry.sources files, and those rejected (bad or too long).",
-            ["path", "outcome"],
-        )
-        rotations = _counter(
-            "watchd_file_source_rotations_total",
-            "Times a telemetry.sources file was rotated or truncated under watchd.",
-            ["path"],
-        )
-        for f in t["file_sources"]:
-            lines.add_metric([f["path"], "read"], f["lines"])
-            lines.add_metric([f["path"], "bad"], f["bad_lines"])
-            rotations.add_metric([f["path"]], f["rotations"])
-        yield lines
-        yield rotations
-        conv = _counter("watchd_span_converter_total", "Converter activity by kind.", ["kind"])
-        for k, v in sorted(t["converter"].items()):
-            conv.add_metric([k], v)
-        yield conv
-        export = t["export"]
-        if export is not None:
-            spans = _counter("watchd_spans_total", "Spans by export outcome.", ["outcome"])
-            for k in ("exported", "failed", "dropped"):
-                spans.add_metric([k], export[k])
-            yield spans
-            yield _single(
-                _gauge("watchd_span_export_in_flight", "Spans queued for the exporter.", []),
-                export["in_flight"],
-            )
 
-    def _dispatch(self) -> Iterator[Metric]:
-        disp = self.d.dispatcher
-        if disp is None:
-            return
-        stats = sorted(disp.stats.items())
-        sent = _counter(
-            "watchd_notifications_total",
-            "Notifications by receiver and outcome (sent, failed, retried, dropped).",
-            ["receiver", "outcome"],
-        )
-        for n, st in stats:
-            for o in OUTCOMES:
-                sent.add_metric([n, o], getattr(st, o))
-        yield sent
-        last = _gauge(
-            "watchd_receiver_last_success_timestamp_seconds",
-            "When the receiver last accepted a notification (absent until the first).",
-            ["receiver"],
-        )
-        for n, st in stats:
-            if st.last_success is not None:
-                last.add_metric([n], st.last_success)
-        yield last
-        # Bounded by the configured receivers' peers (`urls:`); the peer is its index.
-        failing = _gauge(
-            "watchd_receiver_peer_failing",
-            "1 while an Alertmanager peer's last push failed, by receiver and peer index.",
-            ["receiver", "peer"],
-        )
-        for n, x in sorted(disp.notifiers.items()):
-            for i, err in enumerate(x.peer_errors if isinstance(x, AlertmanagerNotifier) else []):
-                failing.add_metric([n, str(i)], 1.0 if err else 0.0)
-        yield failing
-        muted = _counter(
-            "watchd_alerts_muted_total",
-            "Alerts held back by silences or inhibition at flush time.",
-            ["reason"],
-        )
-        for k, v in sorted(disp.muted.items()):
-            muted.add_metric([k], v)
-        yield muted
+def _chats(snap: Snapshot) -> Iterator[Metric]:
+    chats = _gauge("watchd_chats", "Chats known, by identity and status.", ["identity", "status"])
+    unknown = 0
+    for name, by_status in snap.chats_by_status.items():
+        counts: Counter[str] = Counter()
+        for status, n in by_status.items():
+            # A status this build does not know is one series, `other`, however many
+            # distinct strings a server sends: the label space stays bounded.
+            if status in KNOWN:
+                counts[status] += n
+            else:
+                counts[OTHER] += n
+                unknown += n
+        for status in (*sorted(STATUSES), OTHER):
+            chats.add_metric([name, status], counts.get(status, 0))
+    yield chats
+    yield _single(
+        _gauge(
+            "watchd_chats_unknown_status",
+            "Chats whose status this build does not know (in watchd_chats as status=other).",
+            [],
+        ),
+        unknown,
+    )
+
+
+def _state_and_tasks(snap: Snapshot) -> Iterator[Metric]:
+    """State persistence, reads cut at their bound, guarded tasks, the dead man's switch."""
+    yield _single(
+        _gauge("watchd_state_persisting", "1 while state writes succeed, else 0.", []),
+        1 if snap.state.persisting else 0,
+    )
+    yield _single(
+        _counter("watchd_state_write_failures", "State writes that failed.", []),
+        snap.state.write_failures,
+    )
+    cut = _counter(
+        "watchd_reads_cut",
+        "Reads from outside that hit their bound (docs/limits.md), by kind.",
+        ["kind"],
+    )
+    for cap_kind, cap_hits in snap.limits.items():
+        cut.add_metric([cap_kind], cap_hits)
+    yield cut
+    restarts = _counter(
+        "watchd_task_restarts",
+        "Restarts of guarded long-lived tasks after a crash, by task kind.",
+        ["task"],
+    )
+    up = _gauge("watchd_task_up", "Guarded long-lived tasks running, by task kind.", ["task"])
+    running = TASKS.up_by_kind()
+    for kind in sorted(TASK_KINDS | TASKS.kinds):
+        restarts.add_metric([kind], TASKS.restarts.get(kind, 0))
+        up.add_metric([kind], running.get(kind, 0))
+    yield restarts
+    yield up
+    beats = _counter("watchd_heartbeats", "Dead man's switch beats, by outcome.", ["outcome"])
+    hb = snap.heartbeat
+    for beat, beat_count in (
+        ("sent", hb.sent if hb else 0),
+        ("failed", hb.failed if hb else 0),
+        ("withheld", hb.withheld if hb else 0),
+        ("ping_skipped", hb.pings_skipped if hb else 0),
+    ):
+        beats.add_metric([beat], beat_count)
+    yield beats
+
+
+def _telemetry(t: Mapping[str, Any]) -> Iterator[Metric]:
+    events = _counter(
+        "watchd_transport_events_total",
+        "Transport events into the span pipeline, accepted or dropped (queue full).",
+        ["outcome"],
+    )
+    events.add_metric(["accepted"], t["events_accepted"])
+    events.add_metric(["dropped"], t["events_dropped"])
+    yield events
+    ingest = _counter("watchd_ingest_requests_total", "Ingest requests by outcome.", ["outcome"])
+    for k, v in sorted(t["ingest"].items()):
+        ingest.add_metric([k], v)
+    yield ingest
+    yield _single(
+        _gauge("watchd_event_queue_depth", "Transport events waiting for conversion.", []),
+        t["event_queue_depth"],
+    )
+    yield _single(
+        _gauge(
+            "watchd_span_open_pairs",
+            "Requests, connections and segments awaiting their end event.",
+            [],
+        ),
+        t["open_pairs"],
+    )
+    lines = _counter(
+        "watchd_file_source_lines_total",
+        "Lines read from telemetry.sources files, and those rejected (bad or too long).",
+        ["path", "outcome"],
+    )
+    rotations = _counter(
+        "watchd_file_source_rotations_total",
+        "Times a telemetry.sources file was rotated or truncated under watchd.",
+        ["path"],
+    )
+    for f in t["file_sources"]:
+        lines.add_metric([f["path"], "read"], f["lines"])
+        lines.add_metric([f["path"], "bad"], f["bad_lines"])
+        rotations.add_metric([f["path"]], f["rotations"])
+    yield lines
+    yield rotations
+    conv = _counter("watchd_span_converter_total", "Converter activity by kind.", ["kind"])
+    for k, v in sorted(t["converter"].items()):
+        conv.add_metric([k], v)
+    yield conv
+    export = t["export"]
+    if export is not None:
+        spans = _counter("watchd_spans_total", "Spans by export outcome.", ["outcome"])
+        for k in ("exported", "failed", "dropped"):
+            spans.add_metric([k], export[k])
+        yield spans
         yield _single(
-            _gauge("watchd_alert_groups", "Aggregation groups alive.", []), len(disp.groups)
+            _gauge("watchd_span_export_in_flight", "Spans queued for the exporter.", []),
+            export["in_flight"],
         )
-        yield _single(
-            _counter(
-                "watchd_alert_group_overflow_total",
-                "Alerts not grouped because the aggregation-group limit (docs/limits.md) was hit.",
-                [],
-            ),
-            disp.group_overflow,
-        )
+
+
+def _dispatch(disp: DispatchSnapshot) -> Iterator[Metric]:
+    stats = sorted(disp.receivers.items())
+    sent = _counter(
+        "watchd_notifications_total",
+        "Notifications by receiver and outcome (sent, failed, retried, dropped).",
+        ["receiver", "outcome"],
+    )
+    for n, st in stats:
+        for o in OUTCOMES:
+            sent.add_metric([n, o], getattr(st, o))
+    yield sent
+    last = _gauge(
+        "watchd_receiver_last_success_timestamp_seconds",
+        "When the receiver last accepted a notification (absent until the first).",
+        ["receiver"],
+    )
+    for n, st in stats:
+        if st.last_success is not None:
+            last.add_metric([n], st.last_success)
+    yield last
+    # Bounded by the configured receivers' peers (`urls:`); the peer is its index.
+    failing = _gauge(
+        "watchd_receiver_peer_failing",
+        "1 while an Alertmanager peer's last push failed, by receiver and peer index.",
+        ["receiver", "peer"],
+    )
+    for n, errors in sorted(disp.peer_errors.items()):
+        for i, err in enumerate(errors):
+            failing.add_metric([n, str(i)], 1.0 if err else 0.0)
+    yield failing
+    muted = _counter(
+        "watchd_alerts_muted_total",
+        "Alerts held back by silences or inhibition at flush time.",
+        ["reason"],
+    )
+    for k, v in sorted(disp.muted.items()):
+        muted.add_metric([k], v)
+    yield muted
+    yield _single(_gauge("watchd_alert_groups", "Aggregation groups alive.", []), disp.groups)
+    yield _single(
+        _counter(
+            "watchd_alert_group_overflow_total",
+            "Alerts not grouped because the aggregation-group limit (docs/limits.md) was hit.",
+            [],
+        ),
+        disp.group_overflow,
+    )
 
 
 def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
