@@ -57,6 +57,18 @@ def reread_token(ident: IdentityConfig) -> str:
     )
 
 
+def announce_owned(config: Config, index: int, owned: list[IdentityConfig]) -> None:
+    """Log which identities replica ``index`` watches, at start."""
+    log.info(
+        "sharding.owned",
+        replica=index,
+        replicas=config.sharding.replicas,
+        replication_factor=config.sharding.replication_factor,
+        identities=[i.name for i in owned],
+        others=len(config.identities) - len(owned),
+    )
+
+
 def user_agent(replicas: int, index: int) -> str:
     """The Coder-facing User-Agent; with replicas it names this one, so Coder's logs
     (and the simulator's request log) say which replica asked."""

@@ -54,6 +54,7 @@ class SweepSlot:
         detector: Detector,
         audit_path: Path,
         labels: Callable[[str], dict[str, str]],
+        config: SweepConfig,
     ) -> None:
         self.supervisor = supervisor
         self.store = store
@@ -63,7 +64,7 @@ class SweepSlot:
         self.detector = detector
         self.audit_path = audit_path
         self.labels = labels
-        self.sweeper: Sweeper | None = None
+        self.sweeper: Sweeper | None = self.build(config)
 
     def build(self, config: SweepConfig) -> Sweeper | None:
         """The sweeper ``config`` asks for (not started), or None when sweeping is off."""

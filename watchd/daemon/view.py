@@ -9,6 +9,7 @@ the chart's history live here too. Nothing here reads a secret.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -122,6 +123,12 @@ class ChatHistory:
 
     def sample(self, store: ChatStore, identities: list[str], now: float) -> None:
         self.samples.append((now, {n: store.by_status(n) for n in identities}))
+
+    async def keep(self, store: ChatStore, health: Mapping[str, IdentityHealth]) -> None:
+        """Sample every ``HISTORY_EVERY`` for the status page's last-hour chart."""
+        while True:
+            self.sample(store, list(health), time.time())
+            await asyncio.sleep(HISTORY_EVERY)
 
     def series(self, identity: str, now: float) -> list[tuple[float, dict[str, int]]]:
         return [(t, s.get(identity, {})) for t, s in self.samples if now - t <= HISTORY_WINDOW]
