@@ -108,7 +108,6 @@ MODULES_STILL_OVER = frozenset(
     {
         "detection/confirming.py",
         "detection/detector.py",
-        "watching/watcher.py",
     }
 )
 FUNCTIONS_STILL_OVER = frozenset(
@@ -116,7 +115,6 @@ FUNCTIONS_STILL_OVER = frozenset(
         "detection/confirming.py::_verdicts",
         "detection/diagnosis.py::hint",
         "remediation/sweeper.py::_act",
-        "watching/watcher.py::_session",
     }
 )
 

@@ -51,7 +51,8 @@ from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
 from watchd.store.rows import ChatRows
 from watchd.telemetry.events import EventSink, NullSink
-from watchd.watching.watcher import IdentityWatcher, WatchSettings
+from watchd.watching.settings import WatchSettings
+from watchd.watching.watcher import IdentityWatcher
 
 log = logs.get("watchd.daemon")
 

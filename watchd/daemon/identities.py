@@ -38,7 +38,8 @@ from watchd.telemetry.events import EventSink, own_source
 from watchd.watching.forecasting import QuotaForecast, forecast_fingerprint
 from watchd.watching.quota import QuotaWatcher
 from watchd.watching.readings import ReadingBook
-from watchd.watching.watcher import IdentityWatcher, WatchSettings
+from watchd.watching.settings import WatchSettings
+from watchd.watching.watcher import IdentityWatcher
 
 log = logs.get("watchd.daemon")
 
