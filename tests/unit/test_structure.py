@@ -114,7 +114,6 @@ FUNCTIONS_STILL_OVER = frozenset(
     {
         "detection/confirming.py::_verdicts",
         "detection/diagnosis.py::hint",
-        "remediation/sweeper.py::_act",
     }
 )
 
