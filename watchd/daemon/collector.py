@@ -1,7 +1,7 @@
 """The live collector behind ``/metrics``: families computed on every scrape from the
-daemon's snapshot (:class:`~watchd.daemon.snapshot.Snapshot`), identity health and the
-firing alerts (through :class:`~watchd.daemon.view.DaemonView`), so there is no second
-copy of any number to drift.
+daemon's snapshot (:class:`~watchd.daemon.snapshot.Snapshot`: identity health among
+the rest) and the firing alerts (through :class:`~watchd.daemon.view.DaemonView`), so
+there is no second copy of any number to drift.
 
 Every labelled series exists from start-up (at 0): per identity for each known
 status and alert name, per receiver for each outcome, per guarded task kind, so
@@ -66,10 +66,10 @@ class Live(Collector):
         yield from self._sharding()
         yield from chat_families(snap)
         yield from state_families(snap)
-        yield from self._identities()
+        yield from self._identities(snap)
         yield from self._activity(snap)
-        yield from self._quota()
-        yield from self._forecast()
+        yield from _quota(snap)
+        yield from _forecast(snap)
         if snap.sweep is not None:
             sweep = counter(
                 "watchd_sweep_total",
@@ -83,10 +83,10 @@ class Live(Collector):
         if snap.dispatch is not None:
             yield from dispatch_families(snap.dispatch)
 
-    def _identities(self) -> Iterator[Metric]:
+    def _identities(self, snap: Snapshot) -> Iterator[Metric]:
         """Alerts firing per identity and alert name, and each identity's watch."""
         d = self.d
-        ident = list(d.health.items())
+        ident = list(snap.health.items())
         firing = Counter((a.labels.get("identity", ""), a.name) for a in d.detector.firing.values())
         alerts = gauge(
             "watchd_alerts_firing",
@@ -126,7 +126,7 @@ class Live(Collector):
         )
         for n, h in ident:
             if h.last_list_ok is not None:
-                age.add_metric([n], round(h.server_clock.now() - h.last_list_ok, 3))
+                age.add_metric([n], round(h.server_now - h.last_list_ok, 3))
         yield age
 
     def _activity(self, snap: Snapshot) -> Iterator[Metric]:
@@ -156,36 +156,6 @@ class Live(Collector):
             gauge("watchd_state_pending_writes", "Chat records not yet flushed to disk.", []),
             snap.state.pending,
         )
-
-    def _quota(self) -> Iterator[Metric]:
-        quota = [
-            (n, h.quota)
-            for n, h in self.d.health.items()
-            if h.quota is not None and not h.quota.unlimited
-        ]
-        headroom = gauge(
-            "watchd_quota_headroom_credits", "Workspace quota budget minus consumed.", ["identity"]
-        )
-        budget = gauge("watchd_quota_budget_credits", "Workspace quota budget.", ["identity"])
-        for n, q in quota:
-            headroom.add_metric([n], float(q.headroom or 0))
-            budget.add_metric([n], float(q.budget))
-        yield headroom
-        yield budget
-
-    def _forecast(self) -> Iterator[Metric]:
-        """Per identity: the fitted rate, and the seconds until the line reaches the budget
-        (+Inf while it does not rise; both absent before the first reading)."""
-        rate = gauge("watchd_quota_consumption_rate", "Quota use, credits/h.", ["identity"])
-        eta = gauge("watchd_quota_exhaustion_eta_seconds", "Quota projected out in.", ["identity"])
-        for n, h in sorted(self.d.health.items()):
-            if (out := h.forecast) is not None:
-                if out.rate_per_hour is not None:
-                    rate.add_metric([n], out.rate_per_hour)
-                left = math.inf if out.eta is None else max(0.0, out.eta - h.server_clock.now())
-                eta.add_metric([n], left)
-        yield rate
-        yield eta
 
     def _sharding(self) -> Iterator[Metric]:
         d = self.d
@@ -220,3 +190,35 @@ class Live(Collector):
             watched.add_metric([name], 1.0 if name in d.health else 0.0)
         yield owner
         yield watched
+
+
+def _quota(snap: Snapshot) -> Iterator[Metric]:
+    quota = [
+        (n, h.quota)
+        for n, h in snap.health.items()
+        if h.quota is not None and not h.quota.unlimited
+    ]
+    headroom = gauge(
+        "watchd_quota_headroom_credits", "Workspace quota budget minus consumed.", ["identity"]
+    )
+    budget = gauge("watchd_quota_budget_credits", "Workspace quota budget.", ["identity"])
+    for n, q in quota:
+        headroom.add_metric([n], float(q.headroom or 0))
+        budget.add_metric([n], float(q.budget))
+    yield headroom
+    yield budget
+
+
+def _forecast(snap: Snapshot) -> Iterator[Metric]:
+    """Per identity: the fitted rate, and the seconds until the line reaches the budget
+    (+Inf while it does not rise; both absent before the first reading)."""
+    rate = gauge("watchd_quota_consumption_rate", "Quota use, credits/h.", ["identity"])
+    eta = gauge("watchd_quota_exhaustion_eta_seconds", "Quota projected out in.", ["identity"])
+    for n, h in sorted(snap.health.items()):
+        if (out := h.forecast) is not None:
+            if out.rate_per_hour is not None:
+                rate.add_metric([n], out.rate_per_hour)
+            left = math.inf if out.eta is None else max(0.0, out.eta - h.server_now)
+            eta.add_metric([n], left)
+    yield rate
+    yield eta

@@ -1,11 +1,11 @@
 """One moment of the daemon as plain data: what ``/status`` and ``/metrics`` iterate.
 
-Each subsystem offers its own read-only ``snapshot()`` (the store, the state file,
-the dead man's switch, the span pipeline and its file sources, the ingest port,
-the sweep slot); :func:`take` gathers them, and copies the dispatcher's receiver
-statistics, into one frozen :class:`Snapshot`. Taken on each request or scrape, so
-there is no second copy of any number to drift; nothing reading a snapshot can
-change the daemon through it. Nothing here reads a secret.
+Each subsystem offers its own read-only ``snapshot()`` (the store, each identity's
+health, the state file, the dead man's switch, the span pipeline and its file
+sources, the ingest port, the sweep slot); :func:`take` gathers them, and copies the
+dispatcher's receiver statistics, into one frozen :class:`Snapshot`. Taken on each
+request or scrape, so there is no second copy of any number to drift; nothing
+reading a snapshot can change the daemon through it. Nothing here reads a secret.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from watchd.daemon.heartbeat import Heartbeat, HeartbeatSnapshot
 from watchd.daemon.ingesting import IngestPort
 from watchd.daemon.sweeping import SweepSlot, SweepSnapshot
 from watchd.store.chats import ChatStore, StoreSnapshot
-from watchd.store.health import IdentityHealth
+from watchd.store.health import HealthSnapshot, IdentityHealth
 from watchd.store.sqlite import StateFile, StateSnapshot
 from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline
@@ -61,6 +61,7 @@ class Snapshot:
     """Everything ``/status`` and ``/metrics`` show besides alerts and identity health."""
 
     store: StoreSnapshot
+    health: Mapping[str, HealthSnapshot]  # per owned identity, in the order they started
     chats_by_status: Mapping[str, Mapping[str, int]]  # per owned identity
     state: StateSnapshot
     heartbeat: HeartbeatSnapshot | None
@@ -89,6 +90,7 @@ def take(
 ) -> Snapshot:
     return Snapshot(
         store=store.snapshot(),
+        health={name: h.snapshot() for name, h in health.items()},
         chats_by_status={name: store.by_status(name) for name in health},
         state=db.snapshot(),
         heartbeat=None if deadman is None else deadman.snapshot(),

@@ -1,11 +1,11 @@
 """The daemon's state as data: the ``/status`` document (``status_page`` renders it).
 
-Computed at request time from the daemon's snapshot (``daemon.snapshot``), identity
-health and the detector's alerts, so there is no second copy of any number to drift; time in status
-is as of the request. Alerts are classified (active, silenced, inhibited) in
-bounded chunks that yield to the event loop, and only one page of them is
-rendered, so 20 000 firing alerts make neither a huge response nor a late
-``/healthz``. Nothing here reads a secret: identities are shown by name and URL.
+Computed at request time from the daemon's snapshot (``daemon.snapshot``: identity
+health among the rest) and the detector's alerts, so there is no second copy of any
+number to drift; time in status is as of the request. Alerts are classified (active,
+silenced, inhibited) in bounded chunks that yield to the event loop, and only one
+page of them is rendered, so 20 000 firing alerts make neither a huge response nor a
+late ``/healthz``. Nothing here reads a secret: identities are shown by name and URL.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from watchd.daemon.admission import Counts, admission
 from watchd.daemon.heartbeat import HeartbeatSnapshot
 from watchd.daemon.snapshot import DispatchSnapshot
 from watchd.daemon.view import HISTORY_WINDOW, DaemonView, sharding_summary
+from watchd.store.health import HealthSnapshot, QuotaOutlook
 
 JSON_LIMIT = 500  # alerts per /status JSON page by default (counts always cover all)
 JSON_MAX_LIMIT = 2000
@@ -67,8 +68,7 @@ class StatusQuery:
         )
 
 
-def _forecast(d: DaemonView, name: str) -> dict[str, Any] | None:
-    out = d.health[name].forecast
+def _forecast(out: QuotaOutlook | None) -> dict[str, Any] | None:
     if out is None:
         return None
     return {
@@ -84,20 +84,19 @@ def _forecast(d: DaemonView, name: str) -> dict[str, Any] | None:
 
 
 def _identity(
-    d: DaemonView, name: str, by_status: Mapping[str, int], counts: Counts
+    d: DaemonView, h: HealthSnapshot, by_status: Mapping[str, int], counts: Counts
 ) -> dict[str, Any]:
-    h = d.health[name]
     return {
-        "name": name,
+        "name": h.name,
         "deployment": h.deployment,
         "state": h.state,
         "ready": h.ready,
-        "seeded": h.seeded_once,
+        "seeded": h.seeded,
         "prefix": h.prefix,
         "last_list": h.last_list_ok,
         "last_list_age_seconds": None
         if h.last_list_ok is None
-        else round(h.server_clock.now() - h.last_list_ok, 1),
+        else round(h.server_now - h.last_list_ok, 1),
         "last_list_seconds": h.last_list_seconds,
         "last_list_pages": h.last_list_pages,
         "incomplete_listings": h.incomplete_listings,
@@ -110,16 +109,16 @@ def _identity(
         "reconnects": h.reconnects,
         "relists": h.relists,
         "events": h.events,
-        "server_clock_offset_seconds": round(h.server_clock.offset, 3),
+        "server_clock_offset_seconds": round(h.server_clock_offset, 3),
         "quota": {
             "state": h.quota_state,
             "budget": h.quota.budget if h.quota else None,
             "consumed": h.quota.credits_consumed if h.quota else None,
             "headroom": h.quota.headroom if h.quota else None,
             "error": h.quota_error,
-            "forecast": _forecast(d, name),
+            "forecast": _forecast(h.forecast),
         },
-        "admission": admission(d, name, counts),
+        "admission": admission(d, h.name, counts),
     }
 
 
@@ -207,7 +206,9 @@ async def status_document(
     snap = d.snapshot()
     det = d.detector
     counts = counts or Counts()
-    identities = [_identity(d, name, snap.chats_by_status[name], counts) for name in d.health]
+    identities = [
+        _identity(d, h, snap.chats_by_status[name], counts) for name, h in snap.health.items()
+    ]
     disp = snap.dispatch
     return {
         "version": d.version,
