@@ -123,7 +123,10 @@ async def _admission(identities: int, chats: int, clients: int, seconds: float) 
     d, names = _daemon(identities, chats)
     server = Server(
         d,
+        ingest=d.ingest,
         listen="127.0.0.1:0",
+        max_body_bytes=d.config.server.max_body_bytes,
+        identities=len(d.config.identities),
         silences=SilencesApi(d.silences, lambda: None),
         render_metrics=d.metrics.render,
     )

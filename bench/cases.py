@@ -437,7 +437,8 @@ def reconcile_cpu(chats: int, page: int = 500) -> list[Row]:
     from watchd.sim.state import SimState
     from watchd.store.chats import ChatStore
     from watchd.store.health import IdentityHealth
-    from watchd.watching.watcher import IdentityWatcher, WatchSettings
+    from watchd.watching.settings import WatchSettings
+    from watchd.watching.watcher import IdentityWatcher
 
     state = SimState(seed=1)
     user = state.add_user("u")

@@ -189,7 +189,10 @@ async def _healthz_during_renders(d: Any, renders: int = 10) -> dict[str, list[f
 
     server = Server(
         d,
+        ingest=d.ingest,
         listen="127.0.0.1:0",
+        max_body_bytes=d.config.server.max_body_bytes,
+        identities=len(d.config.identities),
         silences=SilencesApi(d.silences, lambda: None),
         render_metrics=d.metrics.render,
     )

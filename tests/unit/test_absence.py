@@ -27,7 +27,8 @@ from watchd.store.health import IdentityHealth
 from watchd.store.rows import ChatRows
 from watchd.store.sqlite import StateFile
 from watchd.watching.reconciling import ABSENT_GET_LIMIT
-from watchd.watching.watcher import IdentityWatcher, WatchSettings
+from watchd.watching.settings import WatchSettings
+from watchd.watching.watcher import IdentityWatcher
 
 # The server-clock estimate moves by fractions of a second as Date samples arrive, and a
 # chat seen "after a listing started" is spared by it: listings here are a second apart,

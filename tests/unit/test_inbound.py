@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from watchd.daemon.inbound import HEADER_TIMEOUT, REQUEST_TIMEOUT, inbound_cap
+from watchd.daemon.ingesting import IngestPort
 from watchd.daemon.server import Server
 from watchd.telemetry.events import QueueSink
 
@@ -18,13 +19,17 @@ pytestmark = pytest.mark.looptime
 
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
-    daemon: Any = SimpleNamespace(
-        config=SimpleNamespace(server=SimpleNamespace(max_body_bytes=1 << 20), identities=[]),
-        secrets=SimpleNamespace(ingest_token=None),
-        telemetry=SimpleNamespace(sink=QueueSink(10)),
-    )
+    daemon: Any = SimpleNamespace()
     silences: Any = SimpleNamespace(routes=lambda app: None)
-    s = Server(daemon, listen="127.0.0.1:0", silences=silences, render_metrics=lambda: b"")
+    s = Server(
+        daemon,
+        ingest=IngestPort(sink=QueueSink(10), token=lambda: None),
+        listen="127.0.0.1:0",
+        max_body_bytes=1 << 20,
+        identities=0,
+        silences=silences,
+        render_metrics=lambda: b"",
+    )
     await s.start()
     yield s
     await s.stop()

@@ -12,6 +12,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 import watchd.daemon.server as server_module
+from watchd.daemon.ingesting import IngestPort
 from watchd.daemon.server import Server
 from watchd.telemetry.events import QueueSink
 from watchd.telemetry.ingest import (
@@ -115,13 +116,17 @@ async def test_a_batch_without_room_is_refused_before_its_events_are_checked() -
 
 
 def _server(sink: QueueSink) -> Server:
-    daemon: Any = SimpleNamespace(
-        config=SimpleNamespace(server=SimpleNamespace(max_body_bytes=1 << 20), identities=[]),
-        secrets=SimpleNamespace(ingest_token=None),
-        telemetry=SimpleNamespace(sink=sink),
-    )
+    daemon: Any = SimpleNamespace()
     silences: Any = SimpleNamespace(routes=lambda app: None)
-    return Server(daemon, listen="127.0.0.1:0", silences=silences, render_metrics=lambda: b"")
+    return Server(
+        daemon,
+        ingest=IngestPort(sink=sink, token=lambda: None),
+        listen="127.0.0.1:0",
+        max_body_bytes=1 << 20,
+        identities=0,
+        silences=silences,
+        render_metrics=lambda: b"",
+    )
 
 
 async def test_concurrent_batches_are_parsed_one_at_a_time(monkeypatch: Any) -> None:
@@ -173,7 +178,8 @@ async def test_a_full_queue_answers_503_and_counts_the_batch_and_its_events() ->
             "/v1/transport-events", data=_envelope(60), headers={"Content-Type": "application/json"}
         )
         assert ok.status == 202
-    assert server.ingest_counts["refused_full"] == 1 and server.ingest_counts["accepted"] == 1
+    counts = server.intake.snapshot()
+    assert counts["refused_full"] == 1 and counts["accepted"] == 1
     assert sink.dropped == 150 and sink.queue.qsize() == 60
 
 
@@ -197,7 +203,7 @@ async def test_the_wait_for_the_parse_slot_is_bounded_and_counted(monkeypatch: A
             await asyncio.sleep(0.01)
         busy = await client.post("/v1/transport-events", data=body, headers=headers)
         assert busy.status == 503 and "wait to be parsed" in (await busy.json())["error"]
-        assert server.ingest_counts["refused_busy"] == 1
+        assert server.intake.snapshot()["refused_busy"] == 1
 
         async def wait_turn() -> None:
             async with server._parse_turn():

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from watchd.daemon import collector, metrics
+from watchd.daemon import collector, families, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def exported_families() -> set[str]:
-    source = Path(metrics.__file__).read_text() + Path(collector.__file__).read_text()
+    source = "".join(Path(m.__file__).read_text() for m in (metrics, collector, families))
     return set(re.findall(r'"(watchd_[a-z_]+)"', source))
 
 

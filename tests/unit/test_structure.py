@@ -1,8 +1,9 @@
-"""The package's shape: no import circle anywhere in watchd, and `run` imports only
-what it uses."""
+"""The package's shape: no import circle anywhere in watchd, `run` imports only what it
+uses, and modules and functions stay small (issue 24's size rule)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,66 @@ def test_run_imports_only_what_a_plain_daemon_uses() -> None:
     unwanted += ("watchd.telemetry.export", "opentelemetry.sdk", "google.protobuf", "grpc")
     assert [m for m in loaded if m.startswith(unwanted)] == []
     assert "watchd.daemon.app" in loaded  # the probe did import the daemon
+
+
+MODULE_LINES = 400
+FUNCTION_LINES = 80
+# Over the size rule for good (issue 24): the span pairing rules and the simulator's
+# state read best whole; the simulator's functions and the CLI's parser table are data.
+MODULES_EXEMPT = frozenset({"telemetry/spans.py", "sim/state.py"})
+FUNCTIONS_EXEMPT_UNDER = ("sim/",)
+FUNCTIONS_EXEMPT = frozenset({"cli.py::build_parser"})
+# Still over, to be split: this list may only shrink. An entry that fits the rule again
+# fails the test below until it is taken off.
+MODULES_STILL_OVER = frozenset(
+    {
+        "detection/confirming.py",
+        "detection/detector.py",
+    }
+)
+FUNCTIONS_STILL_OVER = frozenset(
+    {
+        "detection/confirming.py::_verdicts",
+        "detection/diagnosis.py::hint",
+    }
+)
+
+
+def _sizes() -> tuple[dict[str, int], dict[str, int]]:
+    """Lines per module and per function (nested ones too), by path under watchd/."""
+    modules: dict[str, int] = {}
+    functions: dict[str, int] = {}
+    package = ROOT / "watchd"
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        text = path.read_text()
+        modules[name] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert node.end_lineno is not None
+                lines = node.end_lineno - node.lineno + 1
+                key = f"{name}::{node.name}"
+                functions[key] = max(functions.get(key, 0), lines)
+    return modules, functions
+
+
+def test_no_module_over_400_lines_but_the_listed() -> None:
+    modules, _ = _sizes()
+    over = {m for m, n in modules.items() if n > MODULE_LINES} - MODULES_EXEMPT
+    assert over <= MODULES_STILL_OVER, sorted(over - MODULES_STILL_OVER)
+    assert over == MODULES_STILL_OVER, (
+        f"fits now, take it off the list: {MODULES_STILL_OVER - over}"
+    )
+
+
+def test_no_function_over_80_lines_but_the_listed() -> None:
+    _, functions = _sizes()
+    over = {
+        f
+        for f, n in functions.items()
+        if n > FUNCTION_LINES and not f.startswith(FUNCTIONS_EXEMPT_UNDER)
+    } - FUNCTIONS_EXEMPT
+    assert over <= FUNCTIONS_STILL_OVER, sorted(over - FUNCTIONS_STILL_OVER)
+    assert over == FUNCTIONS_STILL_OVER, (
+        f"fits now, take it off the list: {FUNCTIONS_STILL_OVER - over}"
+    )

@@ -30,7 +30,8 @@ from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
 from watchd.store.records import Change
 from watchd.telemetry.events import Event, EventSource, RecordingSink
-from watchd.watching.watcher import IdentityWatcher, WatchSettings
+from watchd.watching.settings import WatchSettings
+from watchd.watching.watcher import IdentityWatcher
 
 FAST = WatchSettings(
     reconcile_interval=3600,

@@ -25,7 +25,7 @@ from watchd.daemon.preflight import StartupError, check_listen
 from watchd.sim.scenarios import demo as demo_scenario
 from watchd.sim.server import SimServer
 from watchd.sim.state import SimState
-from watchd.watching.watcher import WatchSettings
+from watchd.watching.settings import WatchSettings
 
 INTRO = """\
 watchd demo — a simulated Coder deployment (era E, /api/v2) with three identities:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TextIO
+from pathlib import Path
+from typing import Any, TextIO
 
 import aiohttp
 
@@ -22,31 +23,27 @@ from watchd.alerting import routing
 from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import Alert, AlertSink
 from watchd.alerting.receivers.build import build_all
-from watchd.alerting.silencing import (
-    Inhibitor,
-    Silencer,
-    SilenceRows,
-    from_config,
-    silence_from_json,
-)
+from watchd.alerting.silencing import Inhibitor, from_config
 from watchd.config.fields import ConfigError
 from watchd.config.model import Config, shard_index
 from watchd.config.secrets import ResolvedSecrets
 from watchd.config.watching import IdentityConfig
-from watchd.daemon import reloading, view
+from watchd.daemon import reloading, snapshot, view
 from watchd.daemon.heartbeat import Heartbeat
-from watchd.daemon.identities import Identities, plan, user_agent
+from watchd.daemon.identities import Identities, announce_owned, plan, user_agent
+from watchd.daemon.ingesting import IngestPort
 from watchd.daemon.metrics import Metrics
 from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir, open_state
 from watchd.daemon.sdnotify import SdNotifier, keep_informed
 from watchd.daemon.server import Server
 from watchd.daemon.silences_api import SilenceBook, SilencesApi
+from watchd.daemon.snapshot import Snapshot
 from watchd.daemon.spans import build_pipeline, file_sources
 from watchd.daemon.statewatch import StateWatch
 from watchd.daemon.stopping import stop_in_order
 from watchd.daemon.supervisor import Supervisor
 from watchd.daemon.sweeping import SweepSlot
-from watchd.daemon.view import HISTORY_EVERY, ChatHistory
+from watchd.daemon.view import ChatHistory
 from watchd.detection.detector import Detector
 from watchd.kits import logs
 from watchd.kits.clock import LoopClock
@@ -54,12 +51,8 @@ from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
 from watchd.store.rows import ChatRows
 from watchd.telemetry.events import EventSink, NullSink
-from watchd.telemetry.filesource import FileSource
-from watchd.watching.watcher import IdentityWatcher, WatchSettings
-
-if TYPE_CHECKING:
-    # Imported when a sweep is configured (daemon/sweeping.py): most daemons never sweep.
-    from watchd.remediation.sweeper import Sweeper
+from watchd.watching.settings import WatchSettings
+from watchd.watching.watcher import IdentityWatcher
 
 log = logs.get("watchd.daemon")
 
@@ -72,6 +65,10 @@ class _Pending:
 
 
 class Daemon:
+    """Wiring only, built in one place: each subsystem is made here (the dispatcher and
+    the dead man's switch by run(), which owns their HTTP session), and the HTTP face
+    reads them through ``snapshot()`` and the view."""
+
     def __init__(
         self,
         config: Config,
@@ -87,8 +84,8 @@ class Daemon:
         self.config_path = config_path
         self.notifier = notifier or SdNotifier()
         self.reloads = {"applied": 0, "rejected": 0}
-        self.config = config
-        self.secrets = secrets
+        self.last_reload: dict[str, Any] | None = None
+        self.config, self.secrets = config, secrets
         # Which identities this replica watches (sharding; all of them by default). A
         # replica number that cannot be read is a config problem `run` reports first.
         try:
@@ -96,8 +93,7 @@ class Daemon:
         except ConfigError as exc:
             raise StartupError("; ".join(exc.problems)) from None
         self.version = __version__
-        self.started = time.monotonic()
-        self.last_beat = time.monotonic()
+        self.started = self.last_beat = time.monotonic()
         self.supervisor = Supervisor()
         # The one clock of this process's own time: the host's at start, then advanced by
         # the monotonic clock. Deadlines, server-clock estimates and repeat intervals all
@@ -105,15 +101,48 @@ class Daemon:
         self.clock = LoopClock()
         self.store = ChatStore()
         self.telemetry = build_pipeline(config.telemetry)
-        if events is not None:
-            self.events: EventSink = events
-        else:
-            self.events = self.telemetry.sink if config.telemetry.own_events else NullSink()
+        if events is None:
+            events = self.telemetry.sink if config.telemetry.own_events else NullSink()
+        self.events = events
+        self.file_sources = file_sources(config.telemetry, self.telemetry.sink)
         self._settings_from_config = settings is None
         self.settings = settings or WatchSettings(reconcile_interval=config.reconcile_interval)
-        self.last_reload: dict[str, Any] | None = None
-        self.state_lock, self.db = open_state(effective_state_dir(config.state_dir))
+        state_dir = effective_state_dir(config.state_dir)
+        self.state_lock, self.db = open_state(state_dir)
         loaded = self.store.load(self.db.part(ChatRows).load())
+        # Alerting: the dispatcher (or the test's sink) and the dead man's switch are
+        # started by run(), which owns the HTTP session they send through.
+        self._sink_override, self.stdout = sink, stdout
+        self.route = routing.build(config.route)
+        self.silences = SilenceBook.open(config.silences, self.db)
+        self.silencer = self.silences.silencer
+        self.inhibitor = Inhibitor(config.inhibit_rules)
+        self.dispatcher: Dispatcher | None = None
+        self.deadman: Heartbeat | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._wire_core(config, state_dir)
+        self.history = ChatHistory()
+        self.ingest = IngestPort(sink=self.telemetry.sink, token=lambda: self.secrets.ingest_token)
+        self.server = Server(
+            self,
+            ingest=self.ingest,
+            listen=config.server.listen,
+            max_body_bytes=config.server.max_body_bytes,
+            identities=len(config.identities),
+            silences=SilencesApi(self.silences, lambda: self.secrets.admin_token),
+            render_metrics=self.metrics.render,
+        )
+        self.metrics.registry.register(self.server.inbound)
+        log.info(
+            "state.loaded",
+            chats=loaded,
+            alerts_firing=len(self.detector.firing),
+            path=str(self.db.path),
+        )
+
+    def _wire_core(self, config: Config, state_dir: Path) -> None:
+        """The detector, the state watch, the metrics registry, the identities (watchers,
+        health) and the sweep slot."""
         self.detector = Detector(
             store=self.store,
             sink=_Pending(),
@@ -124,24 +153,7 @@ class Daemon:
             link_template=config.chat_link_template,
             wall=self.clock,
         )
-        self.state_watch = StateWatch(
-            db=self.db, detector=self.detector, state_dir=str(effective_state_dir(config.state_dir))
-        )
-        self._sink_override = sink
-        self.stdout = stdout
-        self.route = routing.build(config.route)
-        now = time.time()
-        stored = self.db.part(SilenceRows)
-        self.silencer = Silencer(
-            [
-                *from_config(config.silences, now=now),
-                *(silence_from_json(b) for b in stored.load()),
-            ]
-        )
-        self.silences = SilenceBook(self.silencer, stored.save)
-        self.inhibitor = Inhibitor(config.inhibit_rules)
-        self.dispatcher: Dispatcher | None = None
-        self.deadman: Heartbeat | None = None
+        self.state_watch = StateWatch(db=self.db, detector=self.detector, state_dir=str(state_dir))
         self.metrics = Metrics(self)
         self.identities = Identities(
             supervisor=self.supervisor,
@@ -155,7 +167,6 @@ class Daemon:
         # The same dicts the identities keep: the view (status, metrics) reads them.
         self.health: dict[str, IdentityHealth] = self.identities.health
         self.watchers: dict[str, IdentityWatcher] = self.identities.watchers
-        self.file_sources: list[FileSource] = []
         self.sweep = SweepSlot(
             supervisor=self.supervisor,
             store=self.store,
@@ -163,24 +174,9 @@ class Daemon:
             watchers=self.watchers,
             db=self.db,
             detector=self.detector,
-            audit_path=effective_state_dir(config.state_dir) / "sweep-audit.jsonl",
+            audit_path=state_dir / "sweep-audit.jsonl",
             labels=lambda n: next((i.labels for i in self.config.identities if i.name == n), {}),
-        )
-        self.sweep.sweeper = self.sweep.build(config.sweep)
-        self.history = ChatHistory()
-        self.server = Server(
-            self,
-            listen=config.server.listen,
-            silences=SilencesApi(self.silences, lambda: self.secrets.admin_token),
-            render_metrics=self.metrics.render,
-        )
-        self.metrics.registry.register(self.server.inbound)
-        self._session: aiohttp.ClientSession | None = None
-        log.info(
-            "state.loaded",
-            chats=loaded,
-            alerts_firing=len(self.detector.firing),
-            path=str(self.db.path),
+            config=config.sweep,
         )
 
     def ready(self) -> bool:
@@ -210,7 +206,7 @@ class Daemon:
                     external_url=self.config.server.external_url,
                     wall=self.clock,
                 )
-                self.dispatcher.on_delivered = self._delivered
+                self.dispatcher.on_delivered = self.metrics.delivered
                 self.identities.dispatcher = self.dispatcher
                 self.metrics.receivers(list(self.dispatcher.notifiers))
                 restored = self.dispatcher.restore()
@@ -233,25 +229,18 @@ class Daemon:
                     healthy=self.alive_and_seeing,
                 )
                 sup.spawn("deadman-switch", self.deadman.run, group="core", restart=True)
-            sup.spawn("status-history", self._sample_history, group="core", root=True)
+            keep = functools.partial(self.history.keep, self.store, self.health)
+            sup.spawn("status-history", keep, group="core", root=True)
             sup.spawn("detector", self.detector.run, group="core", root=True)
             self.state_watch.start()
             sup.spawn("state-flusher", self.state_watch.run, group="core", root=True)
             sup.spawn("systemd-notify", self._systemd, group="core", root=True)
             sup.spawn("spans", self.telemetry.run, group="core", root=True)
             self.sweep.start()
-            self.file_sources = file_sources(self.config.telemetry, self.telemetry.sink)
             for i, source in enumerate(self.file_sources):
                 sup.spawn(f"file-source:{i}", source.run, group="watchers", restart=True)
             owned = self.owned()
-            log.info(
-                "sharding.owned",
-                replica=self.shard_index,
-                replicas=self.config.sharding.replicas,
-                replication_factor=self.config.sharding.replication_factor,
-                identities=[i.name for i in owned],
-                others=len(self.config.identities) - len(owned),
-            )
+            announce_owned(self.config, self.shard_index, owned)
             for ident in owned:
                 self.add_identity(ident)
             stopper = asyncio.create_task(stop.wait())
@@ -259,21 +248,33 @@ class Daemon:
             await asyncio.wait({stopper, ended}, return_when=asyncio.FIRST_COMPLETED)
             for t in (stopper, ended):
                 t.cancel()
-            code = 0
-            if sup.root_ended.is_set():
-                log.error("daemon.root_task_ended", task=sup.ended_by)
-                code = 1
-            return code
+            if not sup.root_ended.is_set():
+                return 0
+            log.error("daemon.root_task_ended", task=sup.ended_by)
+            return 1
         finally:
             await self.shutdown()
 
-    def owned(self, config: Config | None = None) -> list[IdentityConfig]:
-        """The identities this replica watches under ``config`` (the current one)."""
-        return (config or self.config).owned_identities(self.shard_index)
+    def owned(self) -> list[IdentityConfig]:
+        """The identities this replica watches under the current config."""
+        return self.config.owned_identities(self.shard_index)
 
-    @property
-    def ingest_counts(self) -> Mapping[str, int]:
-        return self.server.ingest_counts
+    def snapshot(self) -> Snapshot:
+        """Every subsystem's numbers as plain data, for /status and /metrics."""
+        return snapshot.take(
+            store=self.store,
+            health=self.health,
+            watchers=self.watchers,
+            db=self.db,
+            deadman=self.deadman,
+            sweep=self.sweep,
+            dispatcher=self.dispatcher,
+            telemetry=self.telemetry,
+            ingest=self.ingest,
+            file_sources=self.file_sources,
+            reloads=self.reloads,
+            last_reload=self.last_reload,
+        )
 
     def settled(self) -> bool:
         """Every identity's first seed attempt has ended, seeded or not (READY=1, /readyz).
@@ -292,7 +293,7 @@ class Daemon:
         return not view.liveness_problems(self)
 
     def alive_and_seeing(self) -> str | None:
-        return view.not_seeing(self)
+        return view.not_seeing(self, persisting=self.db.persisting)
 
     async def _systemd(self) -> None:
         await keep_informed(
@@ -367,13 +368,6 @@ class Daemon:
         self.notifier.notify(READY="1", STATUS=status)
         return True
 
-    @property
-    def sweeper(self) -> Sweeper | None:
-        return self.sweep.sweeper
-
-    async def remove_identity(self, name: str, *, forget: bool, hand_over: bool = False) -> None:
-        await self.identities.remove(name, forget=forget, hand_over=hand_over)
-
     def add_identity(self, ident: IdentityConfig) -> None:
         self.identities.add(
             ident,
@@ -383,19 +377,10 @@ class Daemon:
             user_agent=user_agent(self.config.sharding.replicas, self.shard_index),
         )
 
-    def _delivered(self, receiver: str, seconds: float) -> None:
-        self.metrics.notification.labels(receiver).observe(seconds)
-
     async def _heartbeat(self) -> None:
         while True:
             self.last_beat = time.monotonic()
             await asyncio.sleep(1.0)
-
-    async def _sample_history(self) -> None:
-        """Chats by status per identity for the status page's last-hour chart."""
-        while True:
-            self.history.sample(self.store, list(self.health), time.time())
-            await asyncio.sleep(HISTORY_EVERY)
 
     async def shutdown(self) -> None:
         """Ordered, deadline-bound: intake, watchers, core, state, sessions."""

@@ -1,6 +1,7 @@
-"""The live collector behind ``/metrics``: families computed from the daemon's objects
-(through :class:`~watchd.daemon.view.DaemonView`) on every scrape, so there is no
-second copy of any number to drift.
+"""The live collector behind ``/metrics``: families computed on every scrape from the
+daemon's snapshot (:class:`~watchd.daemon.snapshot.Snapshot`: identity health among
+the rest) and the firing alerts (through :class:`~watchd.daemon.view.DaemonView`), so
+there is no second copy of any number to drift.
 
 Every labelled series exists from start-up (at 0): per identity for each known
 status and alert name, per receiver for each outcome, per guarded task kind, so
@@ -15,45 +16,29 @@ import math
 import platform
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import InfoMetricFamily
 from prometheus_client.registry import Collector
 
-from watchd.alerting.receivers.simple import AlertmanagerNotifier
-from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
-from watchd.daemon.view import DaemonView, read_caps, telemetry_summary
+from watchd.daemon.families import (
+    chat_families,
+    counter,
+    dispatch_families,
+    gauge,
+    per_identity,
+    single,
+    state_families,
+    telemetry_families,
+)
+from watchd.daemon.snapshot import Snapshot
+from watchd.daemon.view import DaemonView
 from watchd.detection.alerts import SEVERITY
-from watchd.kits.tasks import TASKS
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-# Every kind of guarded task, so each series exists (at 0) from start-up.
-TASK_KINDS = frozenset(
-    {
-        "watch",
-        "reconcile",
-        "quota",
-        "confirm",
-        "group",
-        "detector",
-        "state-flusher",
-        "heartbeat",
-        "status-history",
-        "systemd-notify",
-        "spans",
-        "sweep",
-        "file-source",
-        "dispatch-housekeeping",
-        "deadman-switch",
-    }
-)
-STATUSES = sorted(ACTIVE_STATUSES | BLOCKED_STATUSES | IDLE_STATUSES)
-KNOWN = frozenset(STATUSES)
-OTHER = "other"
 ALERT_NAMES = sorted({*SEVERITY, "QuotaLow", "ChatSwept"})
-OUTCOMES = ("sent", "failed", "retried", "dropped")
 
 
 class Live(Collector):
@@ -67,6 +52,7 @@ class Live(Collector):
 
     def collect(self) -> Iterator[Metric]:
         d = self.d
+        snap = d.snapshot()
         info = InfoMetricFamily("watchd_build", "watchd's version and runtime.")
         info.add_metric(
             [],
@@ -78,176 +64,98 @@ class Live(Collector):
         )
         yield info
         yield from self._sharding()
-        ident = list(d.health.items())
-        names = [n for n, _ in ident]
+        yield from chat_families(snap)
+        yield from state_families(snap)
+        yield from self._identities(snap)
+        yield from self._activity(snap)
+        yield from _quota(snap)
+        yield from _forecast(snap)
+        if snap.sweep is not None:
+            sweep = counter(
+                "watchd_sweep_total",
+                "Sweep decisions and actions by outcome.",
+                ["outcome", "dry_run"],
+            )
+            for k, v in sorted(snap.sweep.counts.items()):
+                sweep.add_metric([k, str(snap.sweep.dry_run).lower()], v)
+            yield sweep
+        yield from telemetry_families(snap.telemetry)
+        if snap.dispatch is not None:
+            yield from dispatch_families(snap.dispatch)
 
-        chats = _gauge(
-            "watchd_chats", "Chats known, by identity and status.", ["identity", "status"]
-        )
-        unknown = 0
-        for name in names:
-            counts: Counter[str] = Counter()
-            for r in d.store.records(name):
-                # A status this build does not know is one series, `other`, however many
-                # distinct strings a server sends: the label space stays bounded.
-                if r.status in KNOWN:
-                    counts[r.status] += 1
-                else:
-                    counts[OTHER] += 1
-                    unknown += 1
-            for status in (*sorted(STATUSES), OTHER):
-                chats.add_metric([name, status], counts.get(status, 0))
-        yield chats
-        yield _single(
-            _gauge(
-                "watchd_chats_unknown_status",
-                "Chats whose status this build does not know (in watchd_chats as status=other).",
-                [],
-            ),
-            unknown,
-        )
-        yield _single(
-            _gauge("watchd_state_persisting", "1 while state writes succeed, else 0.", []),
-            1 if d.db.persisting else 0,
-        )
-        yield _single(
-            _counter("watchd_state_write_failures", "State writes that failed.", []),
-            d.db.write_failures,
-        )
-        cut = _counter(
-            "watchd_reads_cut",
-            "Reads from outside that hit their bound (docs/limits.md), by kind.",
-            ["kind"],
-        )
-        for cap_kind, cap_hits in read_caps(d).items():
-            cut.add_metric([cap_kind], cap_hits)
-        yield cut
-        restarts = _counter(
-            "watchd_task_restarts",
-            "Restarts of guarded long-lived tasks after a crash, by task kind.",
-            ["task"],
-        )
-        up = _gauge("watchd_task_up", "Guarded long-lived tasks running, by task kind.", ["task"])
-        running = TASKS.up_by_kind()
-        for kind in sorted(TASK_KINDS | TASKS.kinds):
-            restarts.add_metric([kind], TASKS.restarts.get(kind, 0))
-            up.add_metric([kind], running.get(kind, 0))
-        yield restarts
-        yield up
-        beats = _counter("watchd_heartbeats", "Dead man's switch beats, by outcome.", ["outcome"])
-        hb = d.deadman
-        for beat, beat_count in (
-            ("sent", hb.sent if hb else 0),
-            ("failed", hb.failed if hb else 0),
-            ("withheld", hb.withheld if hb else 0),
-            ("ping_skipped", hb.pings_skipped if hb else 0),
-        ):
-            beats.add_metric([beat], beat_count)
-        yield beats
-
+    def _identities(self, snap: Snapshot) -> Iterator[Metric]:
+        """Alerts firing per identity and alert name, and each identity's watch."""
+        d = self.d
+        ident = list(snap.health.items())
         firing = Counter((a.labels.get("identity", ""), a.name) for a in d.detector.firing.values())
-        alerts = _gauge(
+        alerts = gauge(
             "watchd_alerts_firing",
             "Alerts firing, by identity and alert name.",
             ["identity", "alertname"],
         )
-        keys = {(i, n) for i in names for n in ALERT_NAMES} | firing.keys()
+        keys = {(i, n) for i, _ in ident for n in ALERT_NAMES} | firing.keys()
         for i, n in sorted(keys):
             alerts.add_metric([i, n], firing.get((i, n), 0))
         yield alerts
 
-        yield _per_identity(
-            _gauge("watchd_identity_ready", "1 when the identity is seeded and streaming."),
+        yield per_identity(
+            gauge("watchd_identity_ready", "1 when the identity is seeded and streaming."),
             ident,
             lambda h: 1.0 if h.ready else 0.0,
         )
-        yield _per_identity(
-            _counter("watchd_watch_reconnects_total", "Watch stream redials."),
+        yield per_identity(
+            counter("watchd_watch_reconnects_total", "Watch stream redials."),
             ident,
             lambda h: h.reconnects,
         )
-        yield _per_identity(
-            _counter("watchd_relists_total", "Complete listings applied."),
+        yield per_identity(
+            counter("watchd_relists_total", "Complete listings applied."),
             ident,
             lambda h: h.relists,
         )
-        yield _per_identity(
-            _counter("watchd_watch_events_total", "Watch events applied."),
+        yield per_identity(
+            counter("watchd_watch_events_total", "Watch events applied."),
             ident,
             lambda h: h.events,
         )
         # No sample before the first listing: an age of 0 would claim a fresh one.
-        age = _gauge(
+        age = gauge(
             "watchd_last_list_age_seconds",
             "Age of the last complete listing (absent until the first).",
             ["identity"],
         )
         for n, h in ident:
             if h.last_list_ok is not None:
-                age.add_metric([n], round(h.server_clock.now() - h.last_list_ok, 3))
+                age.add_metric([n], round(h.server_now - h.last_list_ok, 3))
         yield age
 
-        yield _single(
-            _counter(
+    def _activity(self, snap: Snapshot) -> Iterator[Metric]:
+        """The store's and the detector's counters, reloads and writes pending."""
+        yield single(
+            counter(
                 "watchd_synthesized_transitions_total",
                 "Transitions found by a listing that the stream never delivered.",
                 [],
             ),
-            d.store.synthesized,
+            snap.store.synthesized,
         )
-        det = _counter("watchd_detector_events_total", "Detector activity by kind.", ["kind"])
-        for k, v in sorted(d.detector.counters.items()):
+        det = counter("watchd_detector_events_total", "Detector activity by kind.", ["kind"])
+        for k, v in sorted(self.d.detector.counters.items()):
             det.add_metric([k], v)
         yield det
-        yield _single(_gauge("watchd_timers", "Armed chat clocks.", []), len(d.detector.timers))
-        yield _single(
-            _counter("watchd_store_overflow_total", "Chats not stored: store at capacity.", []),
-            d.store.overflow,
+        yield single(gauge("watchd_timers", "Armed chat clocks.", []), len(self.d.detector.timers))
+        yield single(
+            counter("watchd_store_overflow_total", "Chats not stored: store at capacity.", []),
+            snap.store.overflow,
         )
-        reloads = _counter("watchd_config_reloads_total", "SIGHUP reloads by outcome.", ["outcome"])
-        for k, v in sorted(d.reloads.items()):
+        reloads = counter("watchd_config_reloads_total", "SIGHUP reloads by outcome.", ["outcome"])
+        for k, v in sorted(snap.reloads.items()):
             reloads.add_metric([k], v)
         yield reloads
-        yield _single(
-            _gauge("watchd_state_pending_writes", "Chat records not yet flushed to disk.", []),
-            d.db.pending if d.db else 0,
+        yield single(
+            gauge("watchd_state_pending_writes", "Chat records not yet flushed to disk.", []),
+            snap.state.pending,
         )
-        quota = [(n, h.quota) for n, h in ident if h.quota is not None and not h.quota.unlimited]
-        headroom = _gauge(
-            "watchd_quota_headroom_credits", "Workspace quota budget minus consumed.", ["identity"]
-        )
-        budget = _gauge("watchd_quota_budget_credits", "Workspace quota budget.", ["identity"])
-        for n, q in quota:
-            headroom.add_metric([n], float(q.headroom or 0))
-            budget.add_metric([n], float(q.budget))
-        yield headroom
-        yield budget
-        yield from self._forecast()
-        if d.sweeper is not None:
-            sweep = _counter(
-                "watchd_sweep_total",
-                "Sweep decisions and actions by outcome.",
-                ["outcome", "dry_run"],
-            )
-            for k, v in sorted(d.sweeper.counts.items()):
-                sweep.add_metric([k, str(d.config.sweep.dry_run).lower()], v)
-            yield sweep
-        yield from self._telemetry()
-        yield from self._dispatch()
-
-    def _forecast(self) -> Iterator[Metric]:
-        """Per identity: the fitted rate, and the seconds until the line reaches the budget
-        (+Inf while it does not rise; both absent before the first reading)."""
-        rate = _gauge("watchd_quota_consumption_rate", "Quota use, credits/h.", ["identity"])
-        eta = _gauge("watchd_quota_exhaustion_eta_seconds", "Quota projected out in.", ["identity"])
-        for n, h in sorted(self.d.health.items()):
-            if (out := h.forecast) is not None:
-                if out.rate_per_hour is not None:
-                    rate.add_metric([n], out.rate_per_hour)
-                left = math.inf if out.eta is None else max(0.0, out.eta - h.server_clock.now())
-                eta.add_metric([n], left)
-        yield rate
-        yield eta
 
     def _sharding(self) -> Iterator[Metric]:
         d = self.d
@@ -262,16 +170,16 @@ class Live(Collector):
             },
         )
         yield shard
-        owned = _gauge("watchd_identities_owned", "Identities this replica watches.")
+        owned = gauge("watchd_identities_owned", "Identities this replica watches.")
         owned.add_metric([], float(len(d.health)))
         yield owned
         # Bounded by the identities in the config times the replication factor.
-        owner = _gauge(
+        owner = gauge(
             "watchd_identity_owner",
             "1 for each (identity, replica) that owns it, as every replica computes it.",
             ["identity", "replica"],
         )
-        watched = _gauge(
+        watched = gauge(
             "watchd_identity_watched",
             "1 for each configured identity this replica watches, else 0 (alerts/: more or "
             "fewer replicas than its owners watching one is an overlap or a gap).",
@@ -283,133 +191,34 @@ class Live(Collector):
         yield owner
         yield watched
 
-    def _telemetry(self) -> Iterator[Metric]:
-        t = telemetry_summary(self.d)
-        events = _counter(
-            "watchd_transport_events_total",
-            "Transport events into the span pipeline, accepted or dropped (queue full).",
-            ["outcome"],
-        )
-        events.add_metric(["accepted"], t["events_accepted"])
-        events.add_metric(["dropped"], t["events_dropped"])
-        yield events
-        ingest = _counter(
-            "watchd_ingest_requests_total", "Ingest requests by outcome.", ["outcome"]
-        )
-        for k, v in sorted(t["ingest"].items()):
-            ingest.add_metric([k], v)
-        yield ingest
-        yield _single(
-            _gauge("watchd_event_queue_depth", "Transport events waiting for conversion.", []),
-            t["event_queue_depth"],
-        )
-        yield _single(
-            _gauge(
-                "watchd_span_open_pairs",
-                "Requests, connections and segments awaiting their end event.",
-                [],
-            ),
-            t["open_pairs"],
-        )
-        lines = _counter(
-            "watchd_file_source_lines_total",
-            "Lines read from telemetry.sources files, and those rejected (bad or too long).",
-            ["path", "outcome"],
-        )
-        rotations = _counter(
-            "watchd_file_source_rotations_total",
-            "Times a telemetry.sources file was rotated or truncated under watchd.",
-            ["path"],
-        )
-        for f in t["file_sources"]:
-            lines.add_metric([f["path"], "read"], f["lines"])
-            lines.add_metric([f["path"], "bad"], f["bad_lines"])
-            rotations.add_metric([f["path"]], f["rotations"])
-        yield lines
-        yield rotations
-        conv = _counter("watchd_span_converter_total", "Converter activity by kind.", ["kind"])
-        for k, v in sorted(t["converter"].items()):
-            conv.add_metric([k], v)
-        yield conv
-        export = t["export"]
-        if export is not None:
-            spans = _counter("watchd_spans_total", "Spans by export outcome.", ["outcome"])
-            for k in ("exported", "failed", "dropped"):
-                spans.add_metric([k], export[k])
-            yield spans
-            yield _single(
-                _gauge("watchd_span_export_in_flight", "Spans queued for the exporter.", []),
-                export["in_flight"],
-            )
 
-    def _dispatch(self) -> Iterator[Metric]:
-        disp = self.d.dispatcher
-        if disp is None:
-            return
-        stats = sorted(disp.stats.items())
-        sent = _counter(
-            "watchd_notifications_total",
-            "Notifications by receiver and outcome (sent, failed, retried, dropped).",
-            ["receiver", "outcome"],
-        )
-        for n, st in stats:
-            for o in OUTCOMES:
-                sent.add_metric([n, o], getattr(st, o))
-        yield sent
-        last = _gauge(
-            "watchd_receiver_last_success_timestamp_seconds",
-            "When the receiver last accepted a notification (absent until the first).",
-            ["receiver"],
-        )
-        for n, st in stats:
-            if st.last_success is not None:
-                last.add_metric([n], st.last_success)
-        yield last
-        # Bounded by the configured receivers' peers (`urls:`); the peer is its index.
-        failing = _gauge(
-            "watchd_receiver_peer_failing",
-            "1 while an Alertmanager peer's last push failed, by receiver and peer index.",
-            ["receiver", "peer"],
-        )
-        for n, x in sorted(disp.notifiers.items()):
-            for i, err in enumerate(x.peer_errors if isinstance(x, AlertmanagerNotifier) else []):
-                failing.add_metric([n, str(i)], 1.0 if err else 0.0)
-        yield failing
-        muted = _counter(
-            "watchd_alerts_muted_total",
-            "Alerts held back by silences or inhibition at flush time.",
-            ["reason"],
-        )
-        for k, v in sorted(disp.muted.items()):
-            muted.add_metric([k], v)
-        yield muted
-        yield _single(
-            _gauge("watchd_alert_groups", "Aggregation groups alive.", []), len(disp.groups)
-        )
-        yield _single(
-            _counter(
-                "watchd_alert_group_overflow_total",
-                "Alerts not grouped because the aggregation-group limit (docs/limits.md) was hit.",
-                [],
-            ),
-            disp.group_overflow,
-        )
+def _quota(snap: Snapshot) -> Iterator[Metric]:
+    quota = [
+        (n, h.quota)
+        for n, h in snap.health.items()
+        if h.quota is not None and not h.quota.unlimited
+    ]
+    headroom = gauge(
+        "watchd_quota_headroom_credits", "Workspace quota budget minus consumed.", ["identity"]
+    )
+    budget = gauge("watchd_quota_budget_credits", "Workspace quota budget.", ["identity"])
+    for n, q in quota:
+        headroom.add_metric([n], float(q.headroom or 0))
+        budget.add_metric([n], float(q.budget))
+    yield headroom
+    yield budget
 
 
-def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=["identity"] if labels is None else labels)
-
-
-def _counter(name: str, doc: str, labels: list[str] | None = None) -> CounterMetricFamily:
-    return CounterMetricFamily(name, doc, labels=["identity"] if labels is None else labels)
-
-
-def _per_identity(family: Any, ident: list[tuple[str, Any]], value: Any) -> Any:
-    for n, h in ident:
-        family.add_metric([n], value(h))
-    return family
-
-
-def _single(family: Any, value: float) -> Any:
-    family.add_metric([], value)
-    return family
+def _forecast(snap: Snapshot) -> Iterator[Metric]:
+    """Per identity: the fitted rate, and the seconds until the line reaches the budget
+    (+Inf while it does not rise; both absent before the first reading)."""
+    rate = gauge("watchd_quota_consumption_rate", "Quota use, credits/h.", ["identity"])
+    eta = gauge("watchd_quota_exhaustion_eta_seconds", "Quota projected out in.", ["identity"])
+    for n, h in sorted(snap.health.items()):
+        if (out := h.forecast) is not None:
+            if out.rate_per_hour is not None:
+                rate.add_metric([n], out.rate_per_hour)
+            left = math.inf if out.eta is None else max(0.0, out.eta - h.server_now)
+            eta.add_metric([n], left)
+    yield rate
+    yield eta

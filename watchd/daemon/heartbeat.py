@@ -21,6 +21,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -33,6 +34,19 @@ from watchd.kits.tasks import spawn
 log = logs.get("watchd.heartbeat")
 
 GROUP_KEY = '{}:{alertname="Watchdog"}'
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatSnapshot:
+    """The dead man's switch's beats so far, as plain data."""
+
+    interval_seconds: float
+    sent: int
+    failed: int
+    withheld: int
+    withheld_because: str
+    last_sent: float | None
+    pings_skipped: int
 
 
 class Heartbeat:
@@ -61,6 +75,17 @@ class Heartbeat:
         self._pinging: asyncio.Task[None] | None = None
         self.last_sent: float | None = None
         self.withheld_because = ""
+
+    def snapshot(self) -> HeartbeatSnapshot:
+        return HeartbeatSnapshot(
+            interval_seconds=self.config.interval,
+            sent=self.sent,
+            failed=self.failed,
+            withheld=self.withheld,
+            withheld_because=self.withheld_because,
+            last_sent=self.last_sent,
+            pings_skipped=self.pings_skipped,
+        )
 
     def alert(self) -> Alert:
         return Alert(

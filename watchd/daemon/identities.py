@@ -38,7 +38,8 @@ from watchd.telemetry.events import EventSink, own_source
 from watchd.watching.forecasting import QuotaForecast, forecast_fingerprint
 from watchd.watching.quota import QuotaWatcher
 from watchd.watching.readings import ReadingBook
-from watchd.watching.watcher import IdentityWatcher, WatchSettings
+from watchd.watching.settings import WatchSettings
+from watchd.watching.watcher import IdentityWatcher
 
 log = logs.get("watchd.daemon")
 
@@ -54,6 +55,18 @@ def reread_token(ident: IdentityConfig) -> str:
         env=ident.token_env,
         credential=ident.token_credential,
         what=f"identity {ident.name}",
+    )
+
+
+def announce_owned(config: Config, index: int, owned: list[IdentityConfig]) -> None:
+    """Log which identities replica ``index`` watches, at start."""
+    log.info(
+        "sharding.owned",
+        replica=index,
+        replicas=config.sharding.replicas,
+        replication_factor=config.sharding.replication_factor,
+        identities=[i.name for i in owned],
+        others=len(config.identities) - len(owned),
     )
 
 

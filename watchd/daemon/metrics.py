@@ -78,6 +78,10 @@ class Metrics:
             with contextlib.suppress(KeyError):
                 h.remove(name)
 
+    def delivered(self, receiver: str, seconds: float) -> None:
+        """The dispatcher's hook: a notification accepted ``seconds`` after its first try."""
+        self.notification.labels(receiver).observe(seconds)
+
     def receivers(self, names: list[str]) -> None:
         for name in names:
             self.notification.labels(name)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +21,7 @@ from aiohttp import web
 
 from watchd.daemon.admission import Counts, admission
 from watchd.daemon.inbound import ACCEPT_BACKLOG, HEADER_TIMEOUT, Inbound
+from watchd.daemon.ingesting import IngestPort
 from watchd.daemon.metrics import CONTENT_TYPE
 from watchd.daemon.silences_api import SilencesApi
 from watchd.daemon.status import StatusQuery, status_document
@@ -36,27 +36,33 @@ MAX_WAITING_BATCHES = 64
 
 
 class Server:
-    """The routes, bound to the daemon's read-only view; the silences API and the metrics
-    renderer are handed in, so nothing here reaches into the daemon to change it."""
+    """The routes, bound to the daemon's read-only view; the ingest port, the silences API
+    and the metrics renderer are handed in, so nothing here reaches into the daemon to
+    change it, and no secret passes through the view."""
 
     def __init__(
         self,
         daemon: DaemonView,
         *,
+        ingest: IngestPort,
         listen: str,
+        max_body_bytes: int,
+        identities: int,
         silences: SilencesApi,
         render_metrics: Callable[[], bytes],
     ) -> None:
         self.daemon = daemon
+        self.intake = ingest
+        self.max_body_bytes = max_body_bytes
         self.render_metrics = render_metrics
         host, _, port = listen.rpartition(":")
         self.host = host.strip("[]")
         self.port = int(port)
         # Inbound connections capped below the fd limit (docs/limits.md); its counters
         # are registered on /metrics by the daemon.
-        self.inbound = Inbound(identities=len(daemon.config.identities))
+        self.inbound = Inbound(identities=identities)
         self.app = web.Application(
-            client_max_size=daemon.config.server.max_body_bytes,
+            client_max_size=max_body_bytes,
             middlewares=[self.inbound.middleware()],
         )
         self.app.router.add_get("/healthz", self.healthz)
@@ -66,14 +72,6 @@ class Server:
         self.app.router.add_post("/v1/transport-events", self.ingest)
         self.app.router.add_get("/v1/admission", self.admission)
         self.counts = Counts()
-        self.ingest_counts = {
-            "accepted": 0,
-            "rejected": 0,
-            "unauthorized": 0,
-            "too_large": 0,
-            "refused_full": 0,
-            "refused_busy": 0,
-        }
         # Batches are parsed one at a time (the others wait their turn, already read):
         # each loop turn then holds one parse step, not one per sender, and /healthz and
         # the watchers keep their turns during a flood. The wait is bounded too.
@@ -171,11 +169,7 @@ class Server:
 
     def _refused(self, request: web.Request) -> web.Response | None:
         """401 unless the request bears the ingest token (when one is set)."""
-        token = self.daemon.secrets.ingest_token
-        if token is None:
-            return None
-        given = request.headers.get("Authorization", "")
-        if hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
+        if self.intake.authorized(request.headers.get("Authorization", "")):
             return None
         return web.json_response(
             {"error": "missing or wrong bearer token"},
@@ -200,20 +194,19 @@ class Server:
         return web.json_response(answer, headers={"Cache-Control": "no-store"})
 
     async def ingest(self, request: web.Request) -> web.Response:
-        counts = self.ingest_counts
+        intake = self.intake
         refused = self._refused(request)
         if refused is not None:
-            counts["unauthorized"] += 1
+            intake.count("unauthorized")
             return refused
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            counts["too_large"] += 1
-            limit = self.daemon.config.server.max_body_bytes
+            intake.count("too_large")
+            limit = self.max_body_bytes
             return web.json_response({"error": f"body larger than {limit} bytes"}, status=413)
-        sink = self.daemon.telemetry.sink
         if self._waiting >= MAX_WAITING_BATCHES:
-            counts["refused_busy"] += 1
+            intake.count("refused_busy")
             return web.json_response(
                 {"error": f"{MAX_WAITING_BATCHES} batches already wait to be parsed; retry later"},
                 status=503,
@@ -222,18 +215,16 @@ class Server:
         try:
             async with self._parse_turn():
                 batch = await parse_batch_stepwise(
-                    body, content_type=request.content_type, query=request.query, room=sink.room
+                    body, content_type=request.content_type, query=request.query, room=intake.room
                 )
         except (IngestError, UnicodeDecodeError) as exc:
-            counts["rejected"] += 1
+            intake.count("rejected")
             return web.json_response({"error": str(exc)}, status=400)
         except NoRoom as full:
             return self._full(full.events)
-        if len(batch) > sink.room():  # NDJSON is counted only once parsed
+        if len(batch) > intake.room():  # NDJSON is counted only once parsed
             return self._full(len(batch))
-        for source, event in batch:
-            sink.emit(source, event)
-        counts["accepted"] += 1
+        intake.put(batch)
         return web.json_response({"accepted": len(batch)}, status=202)
 
     @contextlib.asynccontextmanager
@@ -252,8 +243,7 @@ class Server:
 
     def _full(self, events: int) -> web.Response:
         """503 for a batch the event queue has no room for: counted, and its events too."""
-        self.ingest_counts["refused_full"] += 1
-        self.daemon.telemetry.sink.dropped += events
+        self.intake.refuse_full(events)
         return web.json_response(
             {"error": "event queue full; retry later"}, status=503, headers={"Retry-After": "1"}
         )

@@ -10,16 +10,25 @@ from __future__ import annotations
 
 import hmac
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
 from pydantic import SecretStr
 
-from watchd.alerting.silencing import Silence, Silencer, new_id
+from watchd.alerting.silencing import (
+    Silence,
+    Silencer,
+    SilenceRows,
+    from_config,
+    new_id,
+    silence_from_json,
+)
+from watchd.config.alerting import SilenceConfig
 from watchd.config.fields import parse_duration
 from watchd.kits import logs
 from watchd.kits.matchers import MatcherError, parse_matchers
+from watchd.store.sqlite import StateFile
 
 log = logs.get("watchd.silences")
 
@@ -32,6 +41,18 @@ class SilenceBook:
     def __init__(self, silencer: Silencer, save: Callable[[str, dict[str, Any]], None]) -> None:
         self.silencer = silencer
         self._save = save
+
+    @classmethod
+    def open(cls, configured: Iterable[SilenceConfig], db: StateFile) -> SilenceBook:
+        """The config's silences and the runtime ones kept in the state file."""
+        stored = db.part(SilenceRows)
+        silencer = Silencer(
+            [
+                *from_config(configured, now=time.time()),
+                *(silence_from_json(b) for b in stored.load()),
+            ]
+        )
+        return cls(silencer, stored.save)
 
     def add(self, silence: Silence) -> None:
         self.silencer.add(silence)

@@ -1,16 +1,17 @@
 """The daemon's state as data: the ``/status`` document (``status_page`` renders it).
 
-Computed at request time from the live objects (store, health, detector,
-dispatcher), so there is no second copy of any number to drift; time in status
-is as of the request. Alerts are classified (active, silenced, inhibited) in
-bounded chunks that yield to the event loop, and only one page of them is
-rendered, so 20 000 firing alerts make neither a huge response nor a late
-``/healthz``. Nothing here reads a secret: identities are shown by name and URL.
+Computed at request time from the daemon's snapshot (``daemon.snapshot``: identity
+health among the rest) and the detector's alerts, so there is no second copy of any
+number to drift; time in status is as of the request. Alerts are classified (active,
+silenced, inhibited) in bounded chunks that yield to the event loop, and only one
+page of them is rendered, so 20 000 firing alerts make neither a huge response nor a
+late ``/healthz``. Nothing here reads a secret: identities are shown by name and URL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import operator
 import time
 from collections import Counter
@@ -19,16 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchd.alerting.model import Alert, live
-from watchd.alerting.receivers.simple import AlertmanagerNotifier
 from watchd.config.fields import format_duration
 from watchd.daemon.admission import Counts, admission
-from watchd.daemon.view import (
-    HISTORY_WINDOW,
-    DaemonView,
-    read_caps,
-    sharding_summary,
-    telemetry_summary,
-)
+from watchd.daemon.heartbeat import HeartbeatSnapshot
+from watchd.daemon.snapshot import DispatchSnapshot
+from watchd.daemon.view import HISTORY_WINDOW, DaemonView, sharding_summary
+from watchd.store.health import HealthSnapshot, QuotaOutlook
 
 JSON_LIMIT = 500  # alerts per /status JSON page by default (counts always cover all)
 JSON_MAX_LIMIT = 2000
@@ -71,8 +68,7 @@ class StatusQuery:
         )
 
 
-def _forecast(d: DaemonView, name: str) -> dict[str, Any] | None:
-    out = d.health[name].forecast
+def _forecast(out: QuotaOutlook | None) -> dict[str, Any] | None:
     if out is None:
         return None
     return {
@@ -87,20 +83,20 @@ def _forecast(d: DaemonView, name: str) -> dict[str, Any] | None:
     }
 
 
-def _identity(d: DaemonView, name: str, counts: Counts) -> dict[str, Any]:
-    h = d.health[name]
-    by_status = Counter(r.status for r in d.store.records(name))
+def _identity(
+    d: DaemonView, h: HealthSnapshot, by_status: Mapping[str, int], counts: Counts
+) -> dict[str, Any]:
     return {
-        "name": name,
+        "name": h.name,
         "deployment": h.deployment,
         "state": h.state,
         "ready": h.ready,
-        "seeded": h.seeded_once,
+        "seeded": h.seeded,
         "prefix": h.prefix,
         "last_list": h.last_list_ok,
         "last_list_age_seconds": None
         if h.last_list_ok is None
-        else round(h.server_clock.now() - h.last_list_ok, 1),
+        else round(h.server_now - h.last_list_ok, 1),
         "last_list_seconds": h.last_list_seconds,
         "last_list_pages": h.last_list_pages,
         "incomplete_listings": h.incomplete_listings,
@@ -113,16 +109,16 @@ def _identity(d: DaemonView, name: str, counts: Counts) -> dict[str, Any]:
         "reconnects": h.reconnects,
         "relists": h.relists,
         "events": h.events,
-        "server_clock_offset_seconds": round(h.server_clock.offset, 3),
+        "server_clock_offset_seconds": round(h.server_clock_offset, 3),
         "quota": {
             "state": h.quota_state,
             "budget": h.quota.budget if h.quota else None,
             "consumed": h.quota.credits_consumed if h.quota else None,
             "headroom": h.quota.headroom if h.quota else None,
             "error": h.quota_error,
-            "forecast": _forecast(d, name),
+            "forecast": _forecast(h.forecast),
         },
-        "admission": admission(d, name, counts),
+        "admission": admission(d, h.name, counts),
     }
 
 
@@ -206,103 +202,40 @@ async def status_document(
     q = query or StatusQuery()
     now = time.time()
     c = await classify(d, now, q)
-    by_state, by_name, by_identity, selected = c.by_state, c.by_name, c.by_identity, c.selected
-    firing: list[dict[str, Any]] = []
-    end = min(len(selected), q.offset + q.limit)
-    for start in range(q.offset, end, PAGE_CHUNK):
-        await asyncio.sleep(0)  # rendering a full page is ~20 ms of work: in steps
-        stop = min(end, start + PAGE_CHUNK)
-        firing.extend(
-            _alert_json(a, s, now)
-            for a, s in zip(selected[start:stop], c.states[start:stop], strict=True)
-        )
-    resolved = [a for a in reversed(d.detector.history) if not a.firing][:RESOLVED_SHOWN]
+    alerts = await _alerts(d, c, q, now)
+    snap = d.snapshot()
     det = d.detector
     counts = counts or Counts()
-    identities = [_identity(d, name, counts) for name in d.health]
-    notifiers = d.dispatcher.notifiers if d.dispatcher else {}
-    kinds = {n: x.kind for n, x in notifiers.items()}
-    # An Alertmanager cluster's receiver delivers while one peer does: each peer's own state.
-    peers = {n: x.peers() for n, x in notifiers.items() if isinstance(x, AlertmanagerNotifier)}
+    identities = [
+        _identity(d, h, snap.chats_by_status[name], counts) for name, h in snap.health.items()
+    ]
+    disp = snap.dispatch
     return {
         "version": d.version,
         "uptime_seconds": round(time.monotonic() - d.started, 1),
         "ready": d.ready(),
         "identities": identities,
         "sharding": sharding_summary(d),
-        "alerts": {
-            "firing": firing,
-            "firing_total": c.total,
-            "matching": len(selected),
-            "offset": q.offset,
-            "limit": q.limit,
-            "next_offset": q.offset + q.limit if q.offset + q.limit < len(selected) else None,
-            "filters": {"identity": q.identity, "alertname": q.alertname, "state": q.state},
-            "counts": {
-                "by_state": {k: by_state.get(k, 0) for k in ("active", "silenced", "inhibited")},
-                "by_alertname": dict(sorted(by_name.items())),
-                "by_identity": dict(sorted(by_identity.items())),
-            },
-            "resolved": [a.to_json() for a in resolved],
-            # Kept for scripts written against 0.1: the last 50 state changes.
-            "recent": [a.to_json() for a in list(det.history)[-RESOLVED_SHOWN:]],
-        },
+        "alerts": alerts,
         "silences": [s.to_json(now) for s in d.silencer.silences.values()],
-        "receivers": {
-            name: {
-                "kind": kinds.get(name, ""),
-                "sent": st.sent,
-                "failed": st.failed,
-                "retried": st.retried,
-                "dropped": st.dropped,
-                "last_error": st.last_error,
-                "last_success": st.last_success,
-                "last_failure": st.last_failure,
-                "retries_pending": len(st.retrying),
-                **({"peers": peers[name]} if name in peers else {}),
-            }
-            for name, st in (d.dispatcher.stats.items() if d.dispatcher else [])
-        },
-        "groups": len(d.dispatcher.groups) if d.dispatcher else 0,
+        "receivers": {} if disp is None else _receivers(disp),
+        "groups": disp.groups if disp else 0,
         # Alerts refused a new group at the limit (also in each receiver's `dropped`).
-        "group_overflow": d.dispatcher.group_overflow if d.dispatcher else 0,
-        "telemetry": telemetry_summary(d),
+        "group_overflow": disp.group_overflow if disp else 0,
+        "telemetry": dict(snap.telemetry),
         "sweep": None
-        if d.sweeper is None
+        if snap.sweep is None
         else {
-            "dry_run": d.config.sweep.dry_run,
-            "counts": dict(d.sweeper.counts),
-            "recent": list(d.sweeper.recent)[-50:],
+            "dry_run": snap.sweep.dry_run,
+            "counts": dict(snap.sweep.counts),
+            "recent": list(snap.sweep.recent),
         },
-        "reload": {**d.reloads, "last": d.last_reload},
+        "reload": {**snap.reloads, "last": snap.last_reload},
         "counters": dict(det.counters),
-        "store": {
-            "chats": len(d.store),
-            "stale_ignored": d.store.stale_ignored,
-            "synthesized": d.store.synthesized,
-            "overflow": d.store.overflow,
-            "future_clamped": sum(d.store.future_clamped.values()),
-            "before_created": sum(d.store.before_created.values()),
-        },
-        "state": {
-            "persisting": d.db.persisting,
-            "failing_since": d.db.failing_since,
-            "write_failures": d.db.write_failures,
-            "last_write_error": d.db.last_write_error,
-            "pending": d.db.pending,
-            "reset_from": str(d.db.reset_from[0]) if d.db.reset_from else None,
-        },
-        "limits": read_caps(d),
-        "heartbeat": None
-        if d.deadman is None
-        else {
-            "interval_seconds": d.deadman.config.interval,
-            "sent": d.deadman.sent,
-            "failed": d.deadman.failed,
-            "withheld": d.deadman.withheld,
-            "withheld_because": d.deadman.withheld_because,
-            "last_sent": d.deadman.last_sent,
-        },
+        "store": dataclasses.asdict(snap.store),
+        "state": dataclasses.asdict(snap.state),
+        "limits": dict(snap.limits),
+        "heartbeat": None if snap.heartbeat is None else _heartbeat(snap.heartbeat),
         # Sampled every HISTORY_EVERY, plus this moment: the chart always ends at "now".
         "history": {
             i["name"]: [
@@ -313,6 +246,69 @@ async def status_document(
         },
         "chart_window_seconds": HISTORY_WINDOW,
         "generated_at": now,
+    }
+
+
+async def _alerts(d: DaemonView, c: Classified, q: StatusQuery, now: float) -> dict[str, Any]:
+    """The page of firing alerts the query selects, their counts, and the last changes."""
+    selected = c.selected
+    firing: list[dict[str, Any]] = []
+    end = min(len(selected), q.offset + q.limit)
+    for start in range(q.offset, end, PAGE_CHUNK):
+        await asyncio.sleep(0)  # rendering a full page is ~20 ms of work: in steps
+        stop = min(end, start + PAGE_CHUNK)
+        firing.extend(
+            _alert_json(a, s, now)
+            for a, s in zip(selected[start:stop], c.states[start:stop], strict=True)
+        )
+    history = d.detector.history
+    resolved = [a for a in reversed(history) if not a.firing][:RESOLVED_SHOWN]
+    return {
+        "firing": firing,
+        "firing_total": c.total,
+        "matching": len(selected),
+        "offset": q.offset,
+        "limit": q.limit,
+        "next_offset": q.offset + q.limit if q.offset + q.limit < len(selected) else None,
+        "filters": {"identity": q.identity, "alertname": q.alertname, "state": q.state},
+        "counts": {
+            "by_state": {k: c.by_state.get(k, 0) for k in ("active", "silenced", "inhibited")},
+            "by_alertname": dict(sorted(c.by_name.items())),
+            "by_identity": dict(sorted(c.by_identity.items())),
+        },
+        "resolved": [a.to_json() for a in resolved],
+        # Kept for scripts written against 0.1: the last 50 state changes.
+        "recent": [a.to_json() for a in list(history)[-RESOLVED_SHOWN:]],
+    }
+
+
+def _receivers(disp: DispatchSnapshot) -> dict[str, Any]:
+    # An Alertmanager cluster's receiver delivers while one peer does: each peer's own state.
+    return {
+        name: {
+            "kind": st.kind,
+            "sent": st.sent,
+            "failed": st.failed,
+            "retried": st.retried,
+            "dropped": st.dropped,
+            "last_error": st.last_error,
+            "last_success": st.last_success,
+            "last_failure": st.last_failure,
+            "retries_pending": st.retries_pending,
+            **({"peers": disp.peers[name]} if name in disp.peers else {}),
+        }
+        for name, st in disp.receivers.items()
+    }
+
+
+def _heartbeat(hb: HeartbeatSnapshot) -> dict[str, Any]:
+    return {
+        "interval_seconds": hb.interval_seconds,
+        "sent": hb.sent,
+        "failed": hb.failed,
+        "withheld": hb.withheld,
+        "withheld_because": hb.withheld_because,
+        "last_sent": hb.last_sent,
     }
 
 

@@ -111,59 +111,11 @@ def status_html(doc: dict[str, Any]) -> str:
     e = html.escape
     now = float(doc["generated_at"])
     al = doc["alerts"]
-    rows = []
-    for i in doc["identities"]:
-        statuses = ", ".join(f"{e(k)}: {v}" for k, v in i["chats_by_status"].items()) or "—"
-        age = i["last_list_age_seconds"]
-        chart = chart_svg(
-            i["name"], doc["history"].get(i["name"], []), now, doc["chart_window_seconds"]
-        )
-        rows.append(
-            f"<tr class='{'ok' if i['ready'] else 'bad'}'><td>{e(i['name'])}</td>"
-            f"<td>{e(i['deployment'])}</td><td>{e(i['state'])}</td>"
-            f"<td>{'—' if age is None else e(format_duration(age)) + ' ago'}</td>"
-            f"<td>{i['chats']}</td><td>{statuses}</td><td>{chart}</td>"
-            f"<td class='quota'>{_quota_cell(i['quota'])}</td>"
-            f"<td class='admission'>{_admission_cell(i.get('admission'))}</td>"
-            f"<td>{e(i['last_error'] or '')}</td></tr>"
-        )
+    rows = _identity_rows(doc, now)
     active = [a for a in al["firing"] if a["state"] == "active"]
     muted = [a for a in al["firing"] if a["state"] != "active"]
     counts = al["counts"]["by_state"]
-    f = al["filters"]
-
-    def options(values: list[str], chosen: str) -> str:
-        out = ["<option value=''>all</option>"]
-        for v in values:
-            sel = " selected" if v == chosen else ""
-            out.append(f"<option value='{e(v)}'{sel}>{e(v)}</option>")
-        return "".join(out)
-
-    idents = sorted({i["name"] for i in doc["identities"]} | set(al["counts"]["by_identity"]))
-    names = sorted(al["counts"]["by_alertname"])
-    filters = (
-        "<form class='filters' method='get' action='status'>"
-        "<input type='hidden' name='format' value='html'>"
-        f"<label>identity <select name='identity'>{options(idents, f['identity'])}"
-        "</select></label> "
-        f"<label>alert <select name='alertname'>{options(names, f['alertname'])}"
-        "</select></label> "
-        "<button type='submit'>filter</button></form>"
-    )
-    pages = []
-    base = {k: v for k, v in (("identity", f["identity"]), ("alertname", f["alertname"])) if v}
-    page_no = al["offset"] // al["limit"] + 1
-    last_page = max(1, -(-al["matching"] // al["limit"]))
-    if page_no > 1:
-        query = urlencode({**base, "format": "html", "page": page_no - 1})
-        pages.append(f"<a rel='prev' href='status?{e(query)}'>← newer page</a>")
-    if al["next_offset"] is not None:
-        query = urlencode({**base, "format": "html", "page": page_no + 1})
-        pages.append(f"<a rel='next' href='status?{e(query)}'>next page →</a>")
-    nav = (
-        f"<nav class='pages'>page {page_no} of {last_page} ({al['matching']} matching, "
-        f"{al['firing_total']} firing) {''.join(pages)}</nav>"
-    )
+    filters, nav = _filters(doc), _nav(al)
     no_alerts = "<tr><td colspan=8>No alerts firing.</td></tr>"
     muted_block = (
         f"<details id='muted'><summary>Silenced or inhibited ({counts['silenced']} silenced, "
@@ -171,50 +123,10 @@ def status_html(doc: dict[str, Any]) -> str:
         f"<table id='muted-alerts'>{_ALERT_HEAD}"
         f"{''.join(_alert_row(a) for a in muted) or no_alerts}</table></details>"
     )
-
-    def failing(r: dict[str, Any]) -> bool:
-        return bool(r["retries_pending"]) or (r["last_failure"] or 0) > (r["last_success"] or 0)
-
-    receivers = (
-        "".join(
-            f"<tr class='receiver {'bad' if failing(r) else 'ok'}'"
-            f" data-receiver='{e(name)}'><td>{e(name)}</td><td>{e(r['kind'])}</td>"
-            f"<td>{e(_ago(r['last_success'], now))}</td>"
-            f"<td>{e(_ago(r['last_failure'], now))}</td><td>{e(r['last_error'] or '')}</td>"
-            f"<td>{r['retries_pending']}</td><td>{r['sent']}</td><td>{r['failed']}</td></tr>"
-            for name, r in doc["receivers"].items()
-        )
-        or "<tr><td colspan=8>No receivers.</td></tr>"
-    )
-    resolved = (
-        "".join(
-            f"<tr class='resolved'><td>{e(a['labels'].get('alertname', ''))}</td>"
-            f"<td>{e(a['labels'].get('identity', ''))}</td>"
-            f"<td>{_chat_cell(a)}</td><td>{e(a['annotations'].get('lasted', ''))}</td>"
-            f"<td>{e(a['annotations'].get('resolved_reason', ''))}</td>"
-            f"<td>{e(iso(a['ends_at']))}</td></tr>"
-            for a in al["resolved"]
-        )
-        or "<tr><td colspan=6>Nothing resolved yet.</td></tr>"
-    )
-    silences = (
-        "".join(
-            f"<tr><td>{e(str(si['id']))}</td><td>{e(str(si['state']))}</td>"
-            f"<td>{e(', '.join(si['matchers']))}</td>"
-            f"<td>{e(time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(float(si['ends_at']))))}</td>"
-            f"<td>{e(str(si['created_by']))}</td><td>{e(str(si['comment']))}</td></tr>"
-            for si in doc["silences"]
-            if si["state"] != "expired"
-        )
-        or "<tr><td colspan=6>No silences.</td></tr>"
-    )
-    reload_note = ""
-    last = doc["reload"]["last"]
-    if last and last["needs_restart"]:
-        reload_note = (
-            "<p class='bad' id='restart-needed'>Changed in the config but needing a restart: "
-            f"{e(', '.join(last['needs_restart']))}</p>"
-        )
+    receivers = _receiver_rows(doc, now)
+    resolved = _resolved_rows(al)
+    silences = _silence_rows(doc)
+    reload_note = _reload_note(doc)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>watchd status</title>
 <meta http-equiv="refresh" content="30">
@@ -242,6 +154,132 @@ def status_html(doc: dict[str, Any]) -> str:
 <table id="silences"><tr><th>id</th><th>state</th><th>matchers</th><th>ends</th><th>by</th>
 <th>comment</th></tr>{silences}</table>
 </body></html>"""
+
+
+def _identity_rows(doc: dict[str, Any], now: float) -> list[str]:
+    e = html.escape
+    rows = []
+    for i in doc["identities"]:
+        statuses = ", ".join(f"{e(k)}: {v}" for k, v in i["chats_by_status"].items()) or "—"
+        age = i["last_list_age_seconds"]
+        chart = chart_svg(
+            i["name"], doc["history"].get(i["name"], []), now, doc["chart_window_seconds"]
+        )
+        rows.append(
+            f"<tr class='{'ok' if i['ready'] else 'bad'}'><td>{e(i['name'])}</td>"
+            f"<td>{e(i['deployment'])}</td><td>{e(i['state'])}</td>"
+            f"<td>{'—' if age is None else e(format_duration(age)) + ' ago'}</td>"
+            f"<td>{i['chats']}</td><td>{statuses}</td><td>{chart}</td>"
+            f"<td class='quota'>{_quota_cell(i['quota'])}</td>"
+            f"<td class='admission'>{_admission_cell(i.get('admission'))}</td>"
+            f"<td>{e(i['last_error'] or '')}</td></tr>"
+        )
+    return rows
+
+
+def _options(values: list[str], chosen: str) -> str:
+    e = html.escape
+    out = ["<option value=''>all</option>"]
+    for v in values:
+        sel = " selected" if v == chosen else ""
+        out.append(f"<option value='{e(v)}'{sel}>{e(v)}</option>")
+    return "".join(out)
+
+
+def _filters(doc: dict[str, Any]) -> str:
+    """The identity and alert name pickers."""
+    al = doc["alerts"]
+    f = al["filters"]
+    idents = sorted({i["name"] for i in doc["identities"]} | set(al["counts"]["by_identity"]))
+    names = sorted(al["counts"]["by_alertname"])
+    return (
+        "<form class='filters' method='get' action='status'>"
+        "<input type='hidden' name='format' value='html'>"
+        f"<label>identity <select name='identity'>{_options(idents, f['identity'])}"
+        "</select></label> "
+        f"<label>alert <select name='alertname'>{_options(names, f['alertname'])}"
+        "</select></label> "
+        "<button type='submit'>filter</button></form>"
+    )
+
+
+def _nav(al: dict[str, Any]) -> str:
+    """Which page of alert rows this is, with links to its neighbours."""
+    e = html.escape
+    f = al["filters"]
+    pages = []
+    base = {k: v for k, v in (("identity", f["identity"]), ("alertname", f["alertname"])) if v}
+    page_no = al["offset"] // al["limit"] + 1
+    last_page = max(1, -(-al["matching"] // al["limit"]))
+    if page_no > 1:
+        query = urlencode({**base, "format": "html", "page": page_no - 1})
+        pages.append(f"<a rel='prev' href='status?{e(query)}'>← newer page</a>")
+    if al["next_offset"] is not None:
+        query = urlencode({**base, "format": "html", "page": page_no + 1})
+        pages.append(f"<a rel='next' href='status?{e(query)}'>next page →</a>")
+    return (
+        f"<nav class='pages'>page {page_no} of {last_page} ({al['matching']} matching, "
+        f"{al['firing_total']} firing) {''.join(pages)}</nav>"
+    )
+
+
+def _failing(r: dict[str, Any]) -> bool:
+    return bool(r["retries_pending"]) or (r["last_failure"] or 0) > (r["last_success"] or 0)
+
+
+def _receiver_rows(doc: dict[str, Any], now: float) -> str:
+    e = html.escape
+    return (
+        "".join(
+            f"<tr class='receiver {'bad' if _failing(r) else 'ok'}'"
+            f" data-receiver='{e(name)}'><td>{e(name)}</td><td>{e(r['kind'])}</td>"
+            f"<td>{e(_ago(r['last_success'], now))}</td>"
+            f"<td>{e(_ago(r['last_failure'], now))}</td><td>{e(r['last_error'] or '')}</td>"
+            f"<td>{r['retries_pending']}</td><td>{r['sent']}</td><td>{r['failed']}</td></tr>"
+            for name, r in doc["receivers"].items()
+        )
+        or "<tr><td colspan=8>No receivers.</td></tr>"
+    )
+
+
+def _resolved_rows(al: dict[str, Any]) -> str:
+    e = html.escape
+    return (
+        "".join(
+            f"<tr class='resolved'><td>{e(a['labels'].get('alertname', ''))}</td>"
+            f"<td>{e(a['labels'].get('identity', ''))}</td>"
+            f"<td>{_chat_cell(a)}</td><td>{e(a['annotations'].get('lasted', ''))}</td>"
+            f"<td>{e(a['annotations'].get('resolved_reason', ''))}</td>"
+            f"<td>{e(iso(a['ends_at']))}</td></tr>"
+            for a in al["resolved"]
+        )
+        or "<tr><td colspan=6>Nothing resolved yet.</td></tr>"
+    )
+
+
+def _silence_rows(doc: dict[str, Any]) -> str:
+    e = html.escape
+    return (
+        "".join(
+            f"<tr><td>{e(str(si['id']))}</td><td>{e(str(si['state']))}</td>"
+            f"<td>{e(', '.join(si['matchers']))}</td>"
+            f"<td>{e(time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(float(si['ends_at']))))}</td>"
+            f"<td>{e(str(si['created_by']))}</td><td>{e(str(si['comment']))}</td></tr>"
+            for si in doc["silences"]
+            if si["state"] != "expired"
+        )
+        or "<tr><td colspan=6>No silences.</td></tr>"
+    )
+
+
+def _reload_note(doc: dict[str, Any]) -> str:
+    last = doc["reload"]["last"]
+    if not (last and last["needs_restart"]):
+        return ""
+    return (
+        "<p class='bad' id='restart-needed'>Changed in the config but needing a restart: "
+        f"{html.escape(', '.join(last['needs_restart']))}</p>"
+    )
 
 
 def _quota_cell(q: dict[str, Any]) -> str:

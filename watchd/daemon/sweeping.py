@@ -10,8 +10,9 @@ replacement carries the old sweeper's counts and recent actions over, so /status
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from watchd.config.sweep import SweepConfig
 from watchd.daemon.supervisor import Supervisor
@@ -25,6 +26,18 @@ if TYPE_CHECKING:
     from watchd.remediation.sweeper import Sweeper
 
 TASK = "sweep"
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSnapshot:
+    """The sweeper's counts and its last actions, as plain data."""
+
+    dry_run: bool
+    counts: Mapping[str, int]
+    recent: tuple[Any, ...]  # the last RECENT_SHOWN actions, oldest first
+
+
+RECENT_SHOWN = 50
 
 
 class SweepSlot:
@@ -41,6 +54,7 @@ class SweepSlot:
         detector: Detector,
         audit_path: Path,
         labels: Callable[[str], dict[str, str]],
+        config: SweepConfig,
     ) -> None:
         self.supervisor = supervisor
         self.store = store
@@ -50,7 +64,7 @@ class SweepSlot:
         self.detector = detector
         self.audit_path = audit_path
         self.labels = labels
-        self.sweeper: Sweeper | None = None
+        self.sweeper: Sweeper | None = self.build(config)
 
     def build(self, config: SweepConfig) -> Sweeper | None:
         """The sweeper ``config`` asks for (not started), or None when sweeping is off."""
@@ -69,6 +83,17 @@ class SweepSlot:
             audit_path=self.audit_path,
             labels=self.labels,
             on_invalid=self.detector.note_invalid,
+        )
+
+    def snapshot(self) -> SweepSnapshot | None:
+        """None when sweeping is off."""
+        s = self.sweeper
+        if s is None:
+            return None
+        return SweepSnapshot(
+            dry_run=s.config.dry_run,
+            counts=dict(s.counts),
+            recent=tuple(list(s.recent)[-RECENT_SHOWN:]),
         )
 
     def start(self) -> None:

@@ -1,56 +1,50 @@
 """The read-only face of the running daemon that the server, status page and metrics see.
 
-``DaemonView`` names exactly what they read, as read-only properties, so none of
-them imports ``daemon.app`` (no import circle, and nothing there can rewire the
-daemon by reaching into it). The summaries here are the numbers that both
-``/status`` and ``/metrics`` show, computed from the live objects on each request
-so there is no second copy to drift. Nothing here reads a secret.
+``DaemonView`` names exactly what they read, so none of them imports ``daemon.app``
+(no import circle, and nothing there can rewire the daemon by reaching into it): the
+numbers come as a plain-data :class:`~watchd.daemon.snapshot.Snapshot` taken per
+request, so there is no second copy to drift. Liveness, the systemd status line and
+the chart's history live here too. Nothing here reads a secret.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import fingerprint
-from watchd.alerting.receivers.base import READ_CAPS
 from watchd.alerting.silencing import Inhibitor, Silencer
 from watchd.config.model import Config
-from watchd.config.secrets import ResolvedSecrets
-from watchd.daemon.heartbeat import Heartbeat
+from watchd.daemon.snapshot import Snapshot
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
 from watchd.kits.tasks import TASKS, TaskRegistry
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
-from watchd.store.sqlite import StateFile
-from watchd.telemetry.filesource import FileSource
-from watchd.telemetry.pipeline import SpanPipeline
-from watchd.watching.watcher import IdentityWatcher
 
 # The heartbeat ticks every second; missing 5 means the loop or the supervisor is wedged.
 STALE_HEARTBEAT = 5.0
 # Task kinds that belong to one identity: their crash loops make the identity unhealthy
 # (IdentityUnhealthy); any other task's crash loop makes the process unhealthy.
 IDENTITY_TASKS = frozenset({"watch", "reconcile", "quota", "confirm"})
-if TYPE_CHECKING:
-    from watchd.remediation.sweeper import Sweeper  # imported only when sweeping
 
 HISTORY_WINDOW = 3600.0  # the status chart's span: the last hour
 HISTORY_EVERY = 30.0  # one sample of chats-by-status per identity this often
 
 
 class DaemonView(Protocol):
-    """What the HTTP face reads from the daemon (``daemon.app.Daemon`` satisfies it)."""
+    """What the HTTP face reads from the daemon (``daemon.app.Daemon`` satisfies it).
+
+    Counters and settings come as one plain-data :class:`Snapshot` per request; the few
+    live objects left are those a request must iterate or match against (identity
+    health, firing alerts, silences and inhibitions, the store for admission counts)."""
 
     @property
     def config(self) -> Config: ...
-    @property
-    def secrets(self) -> ResolvedSecrets: ...
     @property
     def version(self) -> str: ...
     @property
@@ -64,11 +58,7 @@ class DaemonView(Protocol):
     @property
     def store(self) -> ChatStore: ...
     @property
-    def db(self) -> StateFile: ...
-    @property
     def detector(self) -> Detector: ...
-    @property
-    def dispatcher(self) -> Dispatcher | None: ...
     @property
     def silencer(self) -> Silencer: ...
     @property
@@ -76,24 +66,9 @@ class DaemonView(Protocol):
     @property
     def health(self) -> Mapping[str, IdentityHealth]: ...
     @property
-    def watchers(self) -> Mapping[str, IdentityWatcher]: ...
-    @property
-    def sweeper(self) -> Sweeper | None: ...
-    @property
-    def deadman(self) -> Heartbeat | None: ...
-    @property
-    def telemetry(self) -> SpanPipeline: ...
-    @property
-    def file_sources(self) -> Sequence[FileSource]: ...
-    @property
-    def ingest_counts(self) -> Mapping[str, int]: ...
-    @property
     def history(self) -> ChatHistory: ...
-    @property
-    def reloads(self) -> Mapping[str, int]: ...
-    @property
-    def last_reload(self) -> dict[str, Any] | None: ...
 
+    def snapshot(self) -> Snapshot: ...
     def ready(self) -> bool: ...
     def settled(self) -> bool: ...
 
@@ -114,10 +89,10 @@ def liveness_problems(d: DaemonView, registry: TaskRegistry = TASKS) -> list[str
     return problems
 
 
-def not_seeing(d: DaemonView) -> str | None:
+def not_seeing(d: DaemonView, *, persisting: bool) -> str | None:
     """None when the dead man's switch may say "alive": the process is live, every
-    identity is ready or its IdentityUnhealthy is firing, and state persists. Otherwise
-    why not."""
+    identity is ready or its IdentityUnhealthy is firing, and state ``persisting``.
+    Otherwise why not."""
     if liveness_problems(d):
         return "the event loop or a root task is not making progress"
     for name, h in d.health.items():
@@ -125,7 +100,7 @@ def not_seeing(d: DaemonView) -> str | None:
             continue
         if fingerprint(h.deployment, name, "IdentityUnhealthy") not in d.detector.firing:
             return f"identity {name} is {h.state} and not yet alerted"
-    if not d.db.persisting:
+    if not persisting:
         return "state is not persisting"
     return None
 
@@ -147,24 +122,16 @@ class ChatHistory:
     )
 
     def sample(self, store: ChatStore, identities: list[str], now: float) -> None:
-        self.samples.append(
-            (now, {n: dict(Counter(r.status for r in store.records(n))) for n in identities})
-        )
+        self.samples.append((now, {n: store.by_status(n) for n in identities}))
+
+    async def keep(self, store: ChatStore, health: Mapping[str, IdentityHealth]) -> None:
+        """Sample every ``HISTORY_EVERY`` for the status page's last-hour chart."""
+        while True:
+            self.sample(store, list(health), time.time())
+            await asyncio.sleep(HISTORY_EVERY)
 
     def series(self, identity: str, now: float) -> list[tuple[float, dict[str, int]]]:
         return [(t, s.get(identity, {})) for t, s in self.samples if now - t <= HISTORY_WINDOW]
-
-
-def read_caps(d: DaemonView) -> dict[str, int]:
-    """Every bounded read that hit its bound, summed over identities."""
-    transports = [w.client.transport for w in d.watchers.values()]
-    return {
-        "coder_bodies_cut": sum(t.oversize for t in transports),
-        "watch_handshake_timeouts": sum(t.handshake_timeouts for t in transports),
-        "incomplete_listings": sum(h.incomplete_listings for h in d.health.values()),
-        "event_buffer_overflows": sum(h.overflow for h in d.health.values()),
-        "receiver_answers_cut": READ_CAPS["receiver_answers"],
-    }
 
 
 def sharding_summary(d: DaemonView) -> dict[str, Any]:
@@ -179,37 +146,4 @@ def sharding_summary(d: DaemonView) -> dict[str, Any]:
         "owned": sorted(d.health),
         "others": {name: reps for name, reps in sorted(owners.items()) if name not in d.health},
         "owners": owners,
-    }
-
-
-def telemetry_summary(d: DaemonView) -> dict[str, Any]:
-    """Span pipeline and ingest counts, as /status and /metrics both show them."""
-    t = d.telemetry
-    export = t.export
-    return {
-        "events_accepted": t.sink.accepted,
-        "events_dropped": t.sink.dropped,
-        "event_queue_depth": t.sink.queue.qsize(),
-        "open_pairs": t.converter.open_pairs,
-        "converter": dict(t.converter.counters),
-        "spans_by_name": dict(t.by_name.most_common(20)),
-        "export": None
-        if export is None
-        else {
-            "submitted": export.submitted,
-            "exported": export.exported,
-            "failed": export.failed,
-            "dropped": export.dropped,
-            "in_flight": export.in_flight,
-        },
-        "ingest": dict(d.ingest_counts),
-        "file_sources": [
-            {
-                "path": str(f.path),
-                "lines": f.lines,
-                "bad_lines": f.bad_lines,
-                "rotations": f.rotations,
-            }
-            for f in d.file_sources
-        ],
     }

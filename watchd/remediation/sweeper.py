@@ -159,16 +159,13 @@ class Sweeper:
             return
         try:
             chat = await client.get_chat(entry.chat_id)
-        except CoderError as exc:
-            if exc.status == 404:
+        except (CoderError, PayloadError) as exc:
+            if isinstance(exc, CoderError) and exc.status == 404:
                 self._record(
                     entry, "gave_up", rec=rec, policy=policy, action="none", detail="chat is gone"
                 )
             else:
                 self._retry(entry, rec, policy, f"read failed: {exc}")
-            return
-        except PayloadError as exc:
-            self._retry(entry, rec, policy, f"read failed: {exc}")
             return
         status = chat.status
         if status in LEFT_ALONE or chat.archived:
@@ -185,30 +182,10 @@ class Sweeper:
             return
         wants_interrupt = policy.action in ("interrupt", "interrupt_then_archive")
         if wants_interrupt and status in ACTIVE and entry.state != "interrupt_sent":
-            await self._limiter(entry.identity).acquire()
-            try:
-                after = await client.interrupt(entry.chat_id)
-                status = after.status if after is not None else status
-                detail = f"interrupt accepted ({status})"
-            except CoderError as exc:
-                if exc.invalid_state:
-                    await self._invalid(entry, rec, policy, exc, client=client)
-                    return
-                if exc.status == 409:
-                    detail = "nothing to interrupt (409)"
-                else:
-                    self._retry(entry, rec, policy, f"interrupt failed: {exc}")
-                    return
-            if policy.action == "interrupt":
-                self._record(
-                    entry, "interrupted", rec=rec, policy=policy, action="interrupt", detail=detail
-                )
+            sent = await self._interrupt(entry, rec, policy, status, client=client)
+            if sent is None:
                 return
-            entry = replace(entry, state="interrupt_sent", updated=time.time())
-            self.progress.put(entry)
-            self.audit.write(
-                entry, action="interrupt", rec=rec, policy=policy.name, dry_run=False, detail=detail
-            )
+            entry, status = sent
             if status not in SETTLED:
                 return
         if policy.action == "interrupt":
@@ -240,6 +217,42 @@ class Sweeper:
         await self._archive(
             entry, rec, policy, parent=chat.parent_chat_id, root=chat.root_chat_id, client=client
         )
+
+    async def _interrupt(
+        self,
+        entry: SweepEntry,
+        rec: ChatRecord | None,
+        policy: SweepPolicy,
+        status: str,
+        *,
+        client: CoderClient,
+    ) -> tuple[SweepEntry, str] | None:
+        """Interrupt an active chat: its entry marked interrupt_sent and the status after,
+        or None when that ended this episode (interrupt only, invalid, a retry)."""
+        await self._limiter(entry.identity).acquire()
+        try:
+            after = await client.interrupt(entry.chat_id)
+            status = after.status if after is not None else status
+            detail = f"interrupt accepted ({status})"
+        except CoderError as exc:
+            if exc.invalid_state:
+                await self._invalid(entry, rec, policy, exc, client=client)
+                return None
+            if exc.status != 409:
+                self._retry(entry, rec, policy, f"interrupt failed: {exc}")
+                return None
+            detail = "nothing to interrupt (409)"
+        if policy.action == "interrupt":
+            self._record(
+                entry, "interrupted", rec=rec, policy=policy, action="interrupt", detail=detail
+            )
+            return None
+        entry = replace(entry, state="interrupt_sent", updated=time.time())
+        self.progress.put(entry)
+        self.audit.write(
+            entry, action="interrupt", rec=rec, policy=policy.name, dry_run=False, detail=detail
+        )
+        return entry, status
 
     async def _archive(
         self,
@@ -359,21 +372,9 @@ class Sweeper:
         self.audit.write(
             entry, action=action, rec=rec, policy=policy.name, dry_run=dry_run, detail=detail
         )
-        if action != "none" or state == "gave_up":
-            self._announce(
-                entry, rec=rec, policy=policy, action=action, dry_run=dry_run, detail=detail
-            )
-
-    def _announce(
-        self,
-        entry: SweepEntry,
-        *,
-        rec: ChatRecord | None,
-        policy: SweepPolicy,
-        action: str,
-        dry_run: bool,
-        detail: str,
-    ) -> None:
+        if action == "none" and state != "gave_up":
+            return
+        # Announced as ChatSwept: every action, and every chat given up on.
         h = self.health.get(entry.identity)
         alert = announcement(
             entry,

@@ -25,7 +25,9 @@ status. Its ``source`` says how we know:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from msgspec.structs import replace
 
@@ -46,6 +48,18 @@ from watchd.store.records import (
 _OLD_STAMP = 86_400.0
 # Watch events coderd publishes only when a chat enters a status (pubsub.ChatEventKind).
 TRANSITION_EVENTS = frozenset({"status_change", "created", "action_required"})
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSnapshot:
+    """The store's counters as plain data (``/status`` and ``/metrics`` read this)."""
+
+    chats: int
+    stale_ignored: int
+    synthesized: int
+    overflow: int
+    future_clamped: int
+    before_created: int
 
 
 class ChatStore:
@@ -74,6 +88,20 @@ class ChatStore:
 
     def __len__(self) -> int:
         return self._count
+
+    def snapshot(self) -> StoreSnapshot:
+        return StoreSnapshot(
+            chats=self._count,
+            stale_ignored=self.stale_ignored,
+            synthesized=self.synthesized,
+            overflow=self.overflow,
+            future_clamped=sum(self.future_clamped.values()),
+            before_created=sum(self.before_created.values()),
+        )
+
+    def by_status(self, identity: str) -> dict[str, int]:
+        """How many of the identity's chats are in each status (a copy)."""
+        return dict(Counter(r.status for r in self._by_identity.get(identity, {}).values()))
 
     def get(self, identity: str, chat_id: str) -> ChatRecord | None:
         return self._by_identity.get(identity, {}).get(chat_id)

@@ -50,6 +50,36 @@ class QuotaOutlook:
     outlier: bool = False  # a reading was dropped as an outlier
 
 
+@dataclass(frozen=True, slots=True)
+class HealthSnapshot:
+    """One identity's health at one moment, as plain data (``/status`` and ``/metrics``
+    read this). ``server_now`` is the identity's server clock when it was taken."""
+
+    name: str
+    deployment: str
+    state: WatchState
+    ready: bool
+    seeded: bool
+    prefix: str
+    server_now: float
+    server_clock_offset: float
+    last_list_ok: float | None
+    last_list_seconds: float | None
+    last_list_pages: int
+    incomplete_listings: int
+    absent: int
+    absent_confirms: int
+    refused: bool
+    last_error: str
+    reconnects: int
+    relists: int
+    events: int
+    quota: Quota | None
+    quota_state: QuotaState
+    quota_error: str
+    forecast: QuotaOutlook | None
+
+
 @dataclass
 class IdentityHealth:
     name: str
@@ -105,6 +135,33 @@ class IdentityHealth:
         self._last_list_seconds = seconds
         if seconds is not None and self.on_listing is not None:
             self.on_listing(seconds)
+
+    def snapshot(self) -> HealthSnapshot:
+        return HealthSnapshot(
+            name=self.name,
+            deployment=self.deployment,
+            state=self.state,
+            ready=self.ready,
+            seeded=self.seeded_once,
+            prefix=self.prefix,
+            server_now=self.server_clock.now(),
+            server_clock_offset=self.server_clock.offset,
+            last_list_ok=self.last_list_ok,
+            last_list_seconds=self.last_list_seconds,
+            last_list_pages=self.last_list_pages,
+            incomplete_listings=self.incomplete_listings,
+            absent=self.absent,
+            absent_confirms=self.absent_confirms,
+            refused=self.refused,
+            last_error=self.last_error,
+            reconnects=self.reconnects,
+            relists=self.relists,
+            events=self.events,
+            quota=self.quota,
+            quota_state=self.quota_state,
+            quota_error=self.quota_error,
+            forecast=self.forecast,
+        )
 
     def set_state(self, state: WatchState, *, error: str = "") -> None:
         was_ready = self.ready

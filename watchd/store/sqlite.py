@@ -23,6 +23,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -78,6 +79,18 @@ class Part:
 
     def restore(self, batch: Any) -> None:
         """Take a batch back whose write failed, under anything marked since."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateSnapshot:
+    """Whether state persists, and how it failed, as plain data."""
+
+    persisting: bool
+    failing_since: float | None
+    write_failures: int
+    last_write_error: str
+    pending: int
+    reset_from: str | None  # where a corrupt database was moved aside
 
 
 class StateFile:
@@ -169,6 +182,16 @@ class StateFile:
     @property
     def persisting(self) -> bool:
         return self.failing_since is None
+
+    def snapshot(self) -> StateSnapshot:
+        return StateSnapshot(
+            persisting=self.persisting,
+            failing_since=self.failing_since,
+            write_failures=self.write_failures,
+            last_write_error=self.last_write_error,
+            pending=self.pending,
+            reset_from=str(self.reset_from[0]) if self.reset_from else None,
+        )
 
     def hurry(self) -> None:
         """Ask for a flush now rather than within the second (cheap; coalesced)."""

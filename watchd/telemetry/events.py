@@ -89,3 +89,7 @@ class QueueSink:
 
     def room(self) -> int:
         return self.queue.maxsize - self.queue.qsize()
+
+    def refuse(self, events: int) -> None:
+        """Events refused before they reached the queue (a batch without room): dropped."""
+        self.dropped += events

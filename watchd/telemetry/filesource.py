@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 from watchd.kits import logs
 from watchd.telemetry.events import EventSink, EventSource
@@ -40,6 +41,14 @@ class FileSource:
         self.lines = 0
         self.bad_lines = 0
         self.rotations = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "lines": self.lines,
+            "bad_lines": self.bad_lines,
+            "rotations": self.rotations,
+        }
 
     async def run(self) -> None:
         inode: int | None = None

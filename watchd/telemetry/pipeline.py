@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from watchd.kits import logs
 from watchd.telemetry.events import QueueSink
@@ -42,6 +42,27 @@ class SpanPipeline:
         self.by_name: Counter[str] = Counter()
         self.by_source: Counter[str] = Counter()
         self.batches = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        """The pipeline's counts as plain data (``/status`` and ``/metrics`` read this)."""
+        export = self.export
+        return {
+            "events_accepted": self.sink.accepted,
+            "events_dropped": self.sink.dropped,
+            "event_queue_depth": self.sink.queue.qsize(),
+            "open_pairs": self.converter.open_pairs,
+            "converter": dict(self.converter.counters),
+            "spans_by_name": dict(self.by_name.most_common(20)),
+            "export": None
+            if export is None
+            else {
+                "submitted": export.submitted,
+                "exported": export.exported,
+                "failed": export.failed,
+                "dropped": export.dropped,
+                "in_flight": export.in_flight,
+            },
+        }
 
     async def run(self) -> None:
         queue = self.sink.queue

@@ -6,8 +6,10 @@ a known chat only marks it *absent*; between listings the absent chats are
 confirmed by GET (404 → gone, ``archived`` → archived), and an idle chat is
 tombstoned without a GET only when two consecutive complete listings lack it
 (docs/coder-api.md, "the moving cursor"). Chats whose events overflowed the
-watcher's buffer during a listing are re-read here the same way. The watcher owns
-the socket; a reconcile that fails asks it to drop the stream (loop 1 re-seeds).
+watcher's buffer during a listing are re-read here the same way, and the server
+clock is checked here against the stamps of listings and of the stream's
+transitions (warned once each). The watcher owns the socket; a reconcile that
+fails asks it to drop the stream (loop 1 re-seeds).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import structlog
 from watchd.coder.client import CoderClient, Listing
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import ACTIVE_STATUSES
+from watchd.coder.observing import WatchEvent
 from watchd.kits import logs
 from watchd.kits.clock import loop_time
-from watchd.store.chats import ChatStore
+from watchd.store.chats import TRANSITION_EVENTS, ChatStore
 from watchd.store.health import IdentityHealth
 from watchd.store.listing import observe_page
 from watchd.store.records import Change
@@ -199,6 +202,28 @@ class Reconciler:
             self.health.last_list_pages = listing.pages
             self.health.relists += 1
             self._check_clock()
+
+    def check_stamps(self, events: list[WatchEvent]) -> None:
+        """A transition's event arrives as coderd writes it: its stamp is the server's
+        clock now, and the estimate must not run far ahead of it (a proxy's Date, no Date
+        from a server behind this host would fire every running chat at once)."""
+        # The last transition of the burst is the freshest (one look, not one per event).
+        for e in reversed(events):
+            newest = e.chat.updated_at
+            if e.kind in TRANSITION_EVENTS and newest is not None:
+                break
+        else:
+            return
+        clock = self.health.server_clock
+        if clock.fresh_stamp(newest) and "behind" not in self.clock_warned:
+            self.clock_warned.add("behind")
+            log.warning(
+                "clock.ahead_of_stamps",
+                identity=self.name,
+                behind_seconds=round(clock.stamp_lag, 1),
+                note="fresh chat stamps are far behind the Date-based server clock (a proxy's "
+                "clock, or no Date header): the stamps are believed instead",
+            )
 
     def _check_clock(self) -> None:
         """Say once per identity when the deployment's clock cannot be trusted: responses

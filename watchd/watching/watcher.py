@@ -28,58 +28,25 @@ import contextlib
 import random
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 
 import structlog
 
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.observing import WatchEvent
-from watchd.coder.watchstream import (
-    DEFAULT_HEARTBEAT,
-    ResyncNeeded,
-    StreamClosed,
-    WatchConnection,
-    open_watch,
-)
+from watchd.coder.watchstream import ResyncNeeded, StreamClosed, WatchConnection, open_watch
 from watchd.kits import logs
 from watchd.kits.backoff import Backoff
 from watchd.kits.clock import loop_time
-from watchd.store.chats import TRANSITION_EVENTS, ChatStore
+from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth, WatchState
 from watchd.telemetry.kinds import WsRedial
 from watchd.watching.diagnosing import Diagnosing
 from watchd.watching.reconciling import ChangeSink, Reconciler
 from watchd.watching.rereading import Rereads
+from watchd.watching.settings import WatchSettings
 
 log = logs.get("watchd.watching")
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    reconcile_interval: float = 60.0
-    heartbeat: float = DEFAULT_HEARTBEAT
-    backoff_base: float = 1.0
-    backoff_cap: float = 30.0
-    # A connection that lived this long proves the path works: the backoff resets.
-    healthy_after: float = 30.0
-    auth_retry: float = 300.0
-    # GETs per second confirming chats a listing lacked.
-    absent_confirm_rate: float = 4.0
-    # A refused token (401/403) is tried once more after this long before it counts as
-    # refused: a proxy hiccup or a rotation mid-flight can refuse once.
-    auth_confirm_after: float = 5.0
-    # Events buffered while a listing runs; past this only the ids of the chats they were
-    # about are kept (as Coder's web client does) and re-read once the listing is applied.
-    buffer_limit: int = 20_000
-    # Dirty chat ids kept past the buffer; past this the stream is dropped and relisted.
-    dirty_limit: int = 200_000
-    quota_ttl: float = 60.0
-    # A watch stream refused this many times in a row while REST answers (a proxy that
-    # will not upgrade): the identity is watched by listing every poll_interval instead,
-    # trying the stream again after each listing.
-    poll_after: int = 3
-    poll_interval: float = 15.0
 
 
 class IdentityWatcher:
@@ -239,26 +206,9 @@ class IdentityWatcher:
         refused) found the stream back and it should be dialled at once."""
         prefix = await self.client.resolve_prefix()
         self.health.prefix = prefix
-        self.attempt += 1
-        try:
-            conn = await open_watch(
-                self.client.transport,
-                prefix,
-                reader=1,
-                attempt=self.attempt,
-                heartbeat=self.settings.heartbeat,
-            )
-        except CoderError as exc:
-            if exc.status == 404:
-                # The route moved (server upgrade): probe again before the next dial.
-                await self.client.resolve_prefix(force=True)
-            elif not exc.is_auth:
-                self._stream_refusals += 1
-                if self._stream_refusals >= self.settings.poll_after:
-                    await self._poll(exc)
-                    return True
-            raise
-        self._stream_refusals = 0
+        conn = await self._dial(prefix)
+        if conn is None:
+            return True
         self._conn = conn
         self._refused.clear()
         self._refusal = None
@@ -277,20 +227,7 @@ class IdentityWatcher:
             if pump.done():
                 pump.result()  # the stream ended or broke during the listing: raises
             listing.result()
-            buffered, self._buffer = self._buffer, None
-            if buffered:
-                self._apply_burst(buffered)
-            dirty, self._dirty = self._dirty, None
-            if dirty:
-                self.reconciler.reread(dirty)
-            self.health.set_state("ready")
-            self.changes.readiness_changed(self.name)
-            log.info(
-                "identity.ready",
-                identity=self.name,
-                chats=self.health.last_list_chats,
-                prefix=prefix,
-            )
+            self._seeded(prefix)
             refused = asyncio.create_task(self._refused.wait(), name=f"refused:{self.name}")
             try:
                 await asyncio.wait({pump, refused}, return_when=asyncio.FIRST_COMPLETED)
@@ -318,6 +255,49 @@ class IdentityWatcher:
             self._conn = None
             await conn.close(code=close_code, reason=reason)
             self.health.malformed += conn.malformed
+
+    async def _dial(self, prefix: str) -> WatchConnection | None:
+        """Open the watch socket; None when it was refused often enough that polling ran
+        instead and found the stream back (dial again at once)."""
+        self.attempt += 1
+        try:
+            conn = await open_watch(
+                self.client.transport,
+                prefix,
+                reader=1,
+                attempt=self.attempt,
+                heartbeat=self.settings.heartbeat,
+            )
+        except CoderError as exc:
+            if exc.status == 404:
+                # The route moved (server upgrade): probe again before the next dial.
+                await self.client.resolve_prefix(force=True)
+            elif not exc.is_auth:
+                self._stream_refusals += 1
+                if self._stream_refusals >= self.settings.poll_after:
+                    await self._poll(exc)
+                    return None
+            raise
+        self._stream_refusals = 0
+        return conn
+
+    def _seeded(self, prefix: str) -> None:
+        """The seed listing is applied: then the events held meanwhile (or a re-read of
+        the chats they were about), and only then is the identity ready."""
+        buffered, self._buffer = self._buffer, None
+        if buffered:
+            self._apply_burst(buffered)
+        dirty, self._dirty = self._dirty, None
+        if dirty:
+            self.reconciler.reread(dirty)
+        self.health.set_state("ready")
+        self.changes.readiness_changed(self.name)
+        log.info(
+            "identity.ready",
+            identity=self.name,
+            chats=self.health.last_list_chats,
+            prefix=prefix,
+        )
 
     async def _poll(self, refusal: CoderError) -> None:
         """Watch by listing: the stream keeps being refused while REST may answer. Lists
@@ -357,7 +337,7 @@ class IdentityWatcher:
         runs."""
         buffer = self._buffer
         if buffer is None:
-            self._check_stamps(events)
+            self.reconciler.check_stamps(events)
             self._apply_burst(events)
             return
         for event in events:
@@ -379,28 +359,6 @@ class IdentityWatcher:
                     buffered=self.settings.buffer_limit,
                     note="keeping the ids of the chats that change; they are re-read after",
                 )
-
-    def _check_stamps(self, events: list[WatchEvent]) -> None:
-        """A transition's event arrives as coderd writes it: its stamp is the server's
-        clock now, and the estimate must not run far ahead of it (a proxy's Date, no Date
-        from a server behind this host would fire every running chat at once)."""
-        # The last transition of the burst is the freshest (one look, not one per event).
-        for e in reversed(events):
-            newest = e.chat.updated_at
-            if e.kind in TRANSITION_EVENTS and newest is not None:
-                break
-        else:
-            return
-        clock = self.health.server_clock
-        if clock.fresh_stamp(newest) and "behind" not in self.reconciler.clock_warned:
-            self.reconciler.clock_warned.add("behind")
-            log.warning(
-                "clock.ahead_of_stamps",
-                identity=self.name,
-                behind_seconds=round(clock.stamp_lag, 1),
-                note="fresh chat stamps are far behind the Date-based server clock (a proxy's "
-                "clock, or no Date header): the stamps are believed instead",
-            )
 
     def _apply_burst(self, events: list[WatchEvent]) -> None:
         """Events read in one go: one store pass and one detector pass, observed at one
