@@ -68,17 +68,16 @@ def hint(
             "may be the only record of a committed client-tool effect)"
         )
     build = facts.build
-    if build is not None and (
-        build.status in ("pending", "failed") or build.error_code == "INSUFFICIENT_QUOTA"
-    ):
+    if build is not None and (build.status in ("pending", "failed") or build.quota_failed):
         quota_note = ""
         if facts.quota is not None and not facts.quota.unlimited:
             quota_note = (
                 f" (quota: {facts.quota.credits_consumed}/{facts.quota.budget} credits used)"
             )
-        if build.error_code == "INSUFFICIENT_QUOTA":
+        if build.quota_failed:
             return (
-                "workspace cannot be scheduled: its build failed with INSUFFICIENT_QUOTA"
+                "workspace cannot be scheduled: its build failed for insufficient quota "
+                "(INSUFFICIENT_QUOTA)"
                 f"{quota_note}; reclaim credits by deleting workspaces (stopping only "
                 "frees stop-scoped costs) or raise the group allowance"
             )
