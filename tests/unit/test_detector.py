@@ -17,7 +17,7 @@ from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError
 from watchd.coder.models import WorkspaceBuild
 from watchd.coder.observing import ChatError, ChatId, Observation
-from watchd.config.watching import Budgets
+from watchd.config.watching import Budgets, IncidentsConfig
 from watchd.detection.alerts import Draft, iso
 from watchd.detection.confirming import BURST_LOOKUPS, SETTLE_MAX, SETTLE_QUIET
 from watchd.detection.detector import Detector
@@ -170,7 +170,10 @@ async def rig(
     unhealthy_after: float = 3600.0,
     crash: bool = False,
     listing_threshold: int = 5,
+    incidents: bool = False,
 ) -> AsyncIterator[Rig]:
+    """``incidents``: whether FleetIncident is on (off: these tests count chat alerts;
+    tests/unit/test_incidents.py has its own)."""
     wall = Wall(1_800_000_000.0)
     clock = ServerClock(wall)
     clock.offset = SKEW
@@ -186,6 +189,7 @@ async def rig(
         listing_threshold=listing_threshold,
         chat_failed=chat_failed,
         wall=wall,
+        incidents=IncidentsConfig(enabled=incidents),
     )
     health = IdentityHealth(
         name="a",
