@@ -62,13 +62,15 @@ def posted_chats(hook: FakeWebhook, status: str) -> list[str]:
 async def test_200_stuck_chats_make_a_handful_of_notifications(
     start_sim: StartSim, start_daemon: StartDaemon, hook: FakeWebhook
 ) -> None:
-    """200 chats stuck at once produce a few grouped notifications carrying all 200."""
+    """200 chats stuck at once produce a few grouped notifications carrying all 200 (with
+    incidents off: one page per chat, grouped)."""
     sim = start_sim()
     for i in range(200):
         await sim.add_chat("alice", status="running", age=600, title=f"wedged {i}")
     d = start_daemon(
         sim,
         extra={
+            "incidents": {"enabled": False},
             "receivers": [{"name": "hook", "webhook": {"url": hook.hook_url}}],
             "route": {"receiver": "hook", **FAST_ROUTE, "group_wait": "3s"},
         },
@@ -79,6 +81,39 @@ async def test_200_stuck_chats_make_a_handful_of_notifications(
     assert len(hook.received) <= 3, f"{len(hook.received)} notifications for one outage"
     doc = await d.status()
     assert doc["counters"]["confirm_listing"] >= 1 and doc["counters"]["confirm_get"] < 20
+
+
+async def test_six_capacity_queued_chats_make_one_page_the_incident(
+    start_sim: StartSim, start_daemon: StartDaemon, hook: FakeWebhook
+) -> None:
+    """With the defaults, six chats queued behind the concurrency cap page once: the
+    FleetIncident (cause capacity, count 6); their ChatStuck alerts fire, held back."""
+    sim = start_sim()
+    await sim.admin("POST", "/faults", {"capacity_roots": 0})
+    for i in range(6):
+        await sim.add_chat("alice", status="running", age=600, title=f"queued {i}")
+    d = start_daemon(
+        sim,
+        identities=[("team-a", "alice")],
+        extra={
+            "receivers": [{"name": "hook", "webhook": {"url": hook.hook_url}}],
+            "route": {"receiver": "hook", **FAST_ROUTE, "group_wait": "5s"},
+        },
+    )
+    await d.wait_ready()
+    stuck = await eventually(lambda: _at_least(d.firing("ChatStuck"), 6), within=20)
+    assert {a["labels"]["cause"] for a in stuck} == {"capacity"}
+    await eventually(lambda: len(hook.received) >= 1, within=15)
+    await asyncio.sleep(3)  # a member page would follow within a group_interval
+    posted = [a for body in hook.received for a in body["alerts"]]
+    assert [a["labels"]["alertname"] for a in posted] == ["FleetIncident"], posted
+    assert posted[0]["labels"]["cause"] == "capacity"
+    assert posted[0]["annotations"]["count"] == "6"
+
+
+async def _at_least(value: Any, n: int) -> Any:
+    v = await value
+    return v if len(v) >= n else None
 
 
 async def test_receiver_down_then_everything_once(
