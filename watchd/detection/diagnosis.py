@@ -6,6 +6,8 @@ record, workspace build, quota headroom) are gathered by the caller.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -146,3 +148,12 @@ def ledger_keys(rec: ChatRecord) -> str:
 def agents_text(build: WorkspaceBuild) -> str:
     """A build's agents as ``name: status/lifecycle_state``."""
     return ", ".join(f"{a.name}: {a.status}/{a.lifecycle_state}" for a in build.agents)
+
+
+def to_read(records: Iterable[ChatRecord], *, limit: int) -> frozenset[str]:
+    """The workspaces whose builds a burst reads: the ``limit`` its chats are bound to most
+    (the first bound to, among equals). A burst on at most ``limit`` workspaces has every
+    chat's build read; a larger one leaves unread the chats of the workspaces with fewest
+    chats."""
+    bound = Counter(rec.workspace_id for rec in records if rec.workspace_id)
+    return frozenset(ws for ws, _ in bound.most_common(limit))
