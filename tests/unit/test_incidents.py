@@ -208,6 +208,16 @@ def test_turned_off_nothing_fires_and_a_reload_off_resolves_it() -> None:
     assert [a.firing for a in sink.incidents()] == [True, False]
 
 
+def test_a_reload_that_lowers_min_chats_fires_the_incident_now() -> None:
+    """Three members fire nothing at min_chats 5; a reload to 3 fires the incident."""
+    sink = ListSink()
+    led = ledger(sink, Wall(2000.0))
+    fire(led, *(chat_alert(i) for i in range(3)))
+    led.incidents.retune(enabled=True, min_chats=3, firing=led.firing)
+    led.settle_incidents()
+    assert [a.annotations["count"] for a in sink.incidents()] == ["3"]
+
+
 def test_min_chats_must_be_at_least_two() -> None:
     """incidents.min_chats below 2 is refused; extra keys are refused."""
     assert IncidentsConfig().min_chats == 5

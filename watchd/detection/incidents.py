@@ -158,7 +158,9 @@ class Incidents:
     def retune(self, *, enabled: bool, min_chats: int, firing: Mapping[str, Alert]) -> None:
         """A reload's settings: turned off, every firing incident resolves at the next
         settle; turned on, the membership is rebuilt from what fires."""
-        self.min_chats = min_chats
+        if min_chats != self.min_chats:
+            self.min_chats = min_chats
+            self._dirty.update(self.by_key)  # a lower threshold may fire one now
         if enabled == self.enabled:
             return
         self.enabled = enabled
