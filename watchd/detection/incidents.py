@@ -209,11 +209,14 @@ def _key(alert: Alert) -> Key | None:
 
 
 def _count(inc: Incident, alert: Alert, n: int) -> None:
-    inc.identities[alert.labels.get("identity", "")] += n
-    inc.severities[alert.labels.get("severity", "warning")] += n
-    if n < 0:
-        inc.identities += Counter()  # drops the names that reached 0
-        inc.severities += Counter()
+    labels = alert.labels
+    for counts, key in (
+        (inc.identities, labels.get("identity", "")),
+        (inc.severities, labels.get("severity", "warning")),
+    ):
+        counts[key] += n
+        if counts[key] <= 0:
+            del counts[key]
 
 
 def render(inc: Incident) -> Alert:
