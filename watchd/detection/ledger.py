@@ -1,8 +1,10 @@
 """The firing alerts of every kind, and nothing else: remember, fire, resolve, persist.
 
 Chat verdicts, IdentityUnhealthy, QuotaLow and QuotaExhaustionForecast (the quota
-watcher) and ChatSwept (the sweeper) all go through here, so every firing alert is in the
-state file (its own ``alerts`` table, :class:`StoredAlerts`) and resolves after a restart
+watcher), ChatSwept (the sweeper) and FleetIncident (what
+:mod:`watchd.detection.incidents` answers after each fire and resolve of a chat alert)
+all go through here, so every firing alert is in the state file (its own ``alerts``
+table, :class:`StoredAlerts`) and resolves after a restart
 as it would have before it. A chat verdict also *holds its clock*: its timer is cancelled
 while it fires (no re-confirm loop), and re-armed by the detector only once it resolves.
 Renders nothing (:mod:`watchd.detection.alerts`) and decides nothing
