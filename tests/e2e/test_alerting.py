@@ -62,13 +62,15 @@ def posted_chats(hook: FakeWebhook, status: str) -> list[str]:
 async def test_200_stuck_chats_make_a_handful_of_notifications(
     start_sim: StartSim, start_daemon: StartDaemon, hook: FakeWebhook
 ) -> None:
-    """200 chats stuck at once produce a few grouped notifications carrying all 200."""
+    """200 chats stuck at once produce a few grouped notifications carrying all 200 (with
+    incidents off: one page per chat, grouped)."""
     sim = start_sim()
     for i in range(200):
         await sim.add_chat("alice", status="running", age=600, title=f"wedged {i}")
     d = start_daemon(
         sim,
         extra={
+            "incidents": {"enabled": False},
             "receivers": [{"name": "hook", "webhook": {"url": hook.hook_url}}],
             "route": {"receiver": "hook", **FAST_ROUTE, "group_wait": "3s"},
         },
@@ -79,6 +81,39 @@ async def test_200_stuck_chats_make_a_handful_of_notifications(
     assert len(hook.received) <= 3, f"{len(hook.received)} notifications for one outage"
     doc = await d.status()
     assert doc["counters"]["confirm_listing"] >= 1 and doc["counters"]["confirm_get"] < 20
+
+
+async def test_six_capacity_queued_chats_make_one_page_the_incident(
+    start_sim: StartSim, start_daemon: StartDaemon, hook: FakeWebhook
+) -> None:
+    """With the defaults, six chats queued behind the concurrency cap page once: the
+    FleetIncident (cause capacity, count 6); their ChatStuck alerts fire, held back."""
+    sim = start_sim()
+    await sim.admin("POST", "/faults", {"capacity_roots": 0})
+    for i in range(6):
+        await sim.add_chat("alice", status="running", age=600, title=f"queued {i}")
+    d = start_daemon(
+        sim,
+        identities=[("team-a", "alice")],
+        extra={
+            "receivers": [{"name": "hook", "webhook": {"url": hook.hook_url}}],
+            "route": {"receiver": "hook", **FAST_ROUTE, "group_wait": "5s"},
+        },
+    )
+    await d.wait_ready()
+    stuck = await eventually(lambda: _at_least(d.firing("ChatStuck"), 6), within=20)
+    assert {a["labels"]["cause"] for a in stuck} == {"capacity"}
+    await eventually(lambda: len(hook.received) >= 1, within=15)
+    await asyncio.sleep(3)  # a member page would follow within a group_interval
+    posted = [a for body in hook.received for a in body["alerts"]]
+    assert [a["labels"]["alertname"] for a in posted] == ["FleetIncident"], posted
+    assert posted[0]["labels"]["cause"] == "capacity"
+    assert posted[0]["annotations"]["count"] == "6"
+
+
+async def _at_least(value: Any, n: int) -> Any:
+    v = await value
+    return v if len(v) >= n else None
 
 
 async def test_receiver_down_then_everything_once(
@@ -257,18 +292,27 @@ def alertmanager(tmp_path: Path) -> Iterator[Callable[[str], str]]:
     """Start a real Alertmanager on loopback, routing to the given webhook URL."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(webhook_url: str, *, resolve_timeout: str = "5m") -> str:
+    def start(
+        webhook_url: str,
+        *,
+        resolve_timeout: str = "5m",
+        group_wait: str = "1s",
+        rules: Path | None = None,
+    ) -> str:
+        """``rules``: a YAML file whose ``inhibit_rules`` the Alertmanager gets."""
         assert os.path.exists(AM_BINARY), "run tests/setup/system-deps (make test does)"
         port = free_port()
         cfg = tmp_path / "alertmanager.yml"
+        inhibit = yaml.safe_load(rules.read_text()) if rules is not None else {}
         cfg.write_text(
             yaml.safe_dump(
                 {
+                    **inhibit,
                     "global": {"resolve_timeout": resolve_timeout},
                     "route": {
                         "receiver": "hook",
                         "group_by": ["identity", "alertname"],
-                        "group_wait": "1s",
+                        "group_wait": group_wait,
                         "group_interval": "1s",
                         "repeat_interval": "1h",
                     },
@@ -355,6 +399,55 @@ async def test_real_alertmanager_resolves_only_what_ended(
     assert posted_chats(hook, "resolved") == []
     await sim.set_status(target, "waiting")
     await eventually(lambda: posted_chats(hook, "resolved") == [target], within=20)
+
+
+SHIPPED_RULES = Path(__file__).parents[2] / "deploy" / "alertmanager" / "watchd-inhibit-rules.yml"
+
+
+async def test_real_alertmanager_with_the_shipped_rules_pages_the_incident_only(
+    start_sim: StartSim,
+    start_daemon: StartDaemon,
+    hook: FakeWebhook,
+    alertmanager: Callable[..., str],
+) -> None:
+    """Through a real Alertmanager given deploy/alertmanager's inhibit rules, six chats
+    queued behind the concurrency cap are one notification: the FleetIncident, none of
+    its members (watchd forwards them, the Alertmanager holds them back)."""
+    # group_wait longer than the incident takes to form (its members are confirmed one
+    # GET after another): a member notified before its incident exists is paged.
+    am_url = alertmanager(hook.hook_url, group_wait="10s", rules=SHIPPED_RULES)
+    await eventually(lambda: _am_ready(am_url), within=20)
+    sim = start_sim()
+    await sim.admin("POST", "/faults", {"capacity_roots": 0})
+    d = start_daemon(
+        sim,
+        identities=[("team-a", "alice")],
+        extra={
+            "receivers": [{"name": "am", "alertmanager": {"url": am_url}}],
+            "route": {"receiver": "am", **FAST_ROUTE},
+        },
+    )
+    await d.wait_ready()
+    # Chats that go stuck now: an Alertmanager flushes a new group at once for an alert
+    # that started more than group_wait ago (docs/alerting.md).
+    for i in range(6):
+        await sim.add_chat("alice", status="running", title=f"queued {i}")
+    await eventually(lambda: len(hook.received) >= 1, within=30)
+    await asyncio.sleep(4)  # a member's notification would follow within group_interval
+    posted = [a for body in hook.received for a in body["alerts"]]
+    for e in d.log_events():
+        if e.get("event", "").startswith(("alert", "confirm")):
+            print(
+                "DEBUG",
+                e.get("timestamp"),
+                e.get("event"),
+                e.get("alertname"),
+                e.get("chat_id"),
+                e.get("count"),
+            )
+    assert [a["labels"]["alertname"] for a in posted] == ["FleetIncident"], posted
+    assert posted[0]["labels"]["cause"] == "capacity"
+    assert posted[0]["annotations"]["count"] == "6"
 
 
 async def test_real_alertmanager_receives_and_resolves(

@@ -12,6 +12,7 @@ from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.transport import Transport
 from watchd.kits.ratelimit import RateLimiter
+from watchd.sim import scenarios
 from watchd.sim.records import SimUser, Step
 from watchd.telemetry.events import RecordingSink
 
@@ -193,6 +194,18 @@ async def test_workspace_build(sim: Sim, session: aiohttp.ClientSession) -> None
     )
     build = await client_for(sim, alice, session).workspace(ws.id)
     assert (build.status, build.error_code) == ("failed", "INSUFFICIENT_QUOTA")
+
+
+async def test_the_demo_fleets_quota_failure_is_coderds_text_only_shape(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """The simulator's demo fails a build for quota as coderd does (the job's error text,
+    no error_code), and the client reads it as failed for quota."""
+    scenarios.demo(sim.state)
+    ws = next(w for w in sim.state.workspaces.values() if w.build_status == "failed")
+    owner = next(u for u in sim.state.users.values() if u.id == ws.owner_id)
+    build = await client_for(sim, owner, session).workspace(ws.id)
+    assert (build.error_code, build.error) == ("", "insufficient quota") and build.quota_failed
 
 
 async def test_bad_token_is_permanent_401(sim: Sim, session: aiohttp.ClientSession) -> None:

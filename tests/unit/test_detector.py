@@ -17,7 +17,7 @@ from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError
 from watchd.coder.models import WorkspaceBuild
 from watchd.coder.observing import ChatError, ChatId, Observation
-from watchd.config.watching import Budgets
+from watchd.config.watching import Budgets, IncidentsConfig
 from watchd.detection.alerts import Draft, iso
 from watchd.detection.confirming import BURST_LOOKUPS, SETTLE_MAX, SETTLE_QUIET
 from watchd.detection.detector import Detector
@@ -50,6 +50,7 @@ class Server:
     gets: int = 0
     lists: int = 0
     lookups: int = 0
+    build_status: dict[str, str] = field(default_factory=dict)  # workspace -> latest build
     # (loop time, "get" | "list") of every read, for exact-time assertions.
     reads: list[tuple[float, str]] = field(default_factory=list)
 
@@ -62,6 +63,7 @@ class FakeConfirmer:
         self, server: Server, store: ChatStore, det: Detector, name: str, clock: ServerClock
     ) -> None:
         self.server, self.store, self.det, self.name, self.clock = server, store, det, name, clock
+        self.builds: dict[str, WorkspaceBuild] = {}
 
     async def reread(self, chat_id: str) -> Literal["read", "gone"]:
         """As the watcher's Rereads answers: into the store, the changes to the sink."""
@@ -96,11 +98,18 @@ class FakeConfirmer:
             on_page(set(self.server.chats))
 
     async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Facts:
-        if record.workspace_id and lookup:
+        # As the real reader (watching/diagnosing.py): a build read is remembered per
+        # workspace, and lookup=False answers from what is remembered.
+        ws = record.workspace_id
+        if ws and ws in self.builds:
+            return Facts(record=record, build=self.builds[ws])
+        if ws and lookup:
             self.server.lookups += 1
-            build = WorkspaceBuild(record.workspace_id, "running")
+            build = self.builds[ws] = WorkspaceBuild(
+                ws, self.server.build_status.get(ws, "running")
+            )
             return Facts(record=record, build=build)
-        return Facts(record=record, build_checked=not record.workspace_id)
+        return Facts(record=record, build_checked=not ws)
 
 
 class Sink:
@@ -170,7 +179,10 @@ async def rig(
     unhealthy_after: float = 3600.0,
     crash: bool = False,
     listing_threshold: int = 5,
+    incidents: bool = False,
 ) -> AsyncIterator[Rig]:
+    """``incidents``: whether FleetIncident is on (off: these tests count chat alerts;
+    tests/unit/test_incidents.py has its own)."""
     wall = Wall(1_800_000_000.0)
     clock = ServerClock(wall)
     clock.offset = SKEW
@@ -186,6 +198,7 @@ async def rig(
         listing_threshold=listing_threshold,
         chat_failed=chat_failed,
         wall=wall,
+        incidents=IncidentsConfig(enabled=incidents),
     )
     health = IdentityHealth(
         name="a",
@@ -365,6 +378,42 @@ async def test_a_burst_reads_only_a_few_workspace_builds() -> None:
         assert all(
             "30 chats went past their budget together" in a.annotations["hint"] for a in unread
         )
+
+
+async def test_a_burst_reads_the_workspaces_most_of_its_chats_share_first() -> None:
+    """A burst whose first chats each have a workspace of their own and whose other 60
+    share two: the two shared builds are read (one read each), so none of those 60 is left
+    without its build, and reads stay at BURST_LOOKUPS."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.server.build_status.update({"shared-0": "pending", "shared-1": "pending"})
+        for i in range(40):
+            # Due first (older): the bulk of the burst's head has a workspace of its own.
+            r.see(f"a{i:02d}", "running", r.clock.now() - 200 - i, workspace_id=f"ws-{i}")
+        for i in range(60):
+            r.see(f"z{i:02d}", "running", r.clock.now() - 120, workspace_id=f"shared-{i % 2}")
+        await r.settle()
+        assert len(r.sink.alerts) == 100 and r.server.lookups == BURST_LOOKUPS
+        shared = [a for a in r.sink.alerts if a.labels["chat_id"].startswith("z")]
+        assert {a.labels["cause"] for a in shared} == {"build_pending"}
+        unread = [a for a in r.sink.alerts if "workspace_build" not in a.annotations]
+        assert len(unread) == 40 - (BURST_LOOKUPS - 2)
+
+
+async def test_a_burst_of_500_chats_on_20_workspaces_reads_every_build() -> None:
+    """500 chats due together on 20 workspaces: 20 reads, and no chat is left without its
+    workspace's build (so none is unknown for want of a read)."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        r.health.set_state("seeding")
+        r.server.build_status.update({f"ws-{i}": "failed" for i in range(20)})
+        for i in range(500):
+            r.see(f"c{i}", "running", r.clock.now() - 120, workspace_id=f"ws-{(i * 7) % 20}")
+        await r.settle()
+        r.ready()
+        await r.settle()
+        assert len(r.sink.alerts) == 500 and r.server.lookups == 20
+        assert {a.labels["cause"] for a in r.sink.alerts} == {"build_failed"}
 
 
 async def test_a_single_due_chat_reads_its_workspace_build() -> None:

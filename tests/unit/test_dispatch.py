@@ -24,7 +24,7 @@ from watchd.alerting.nflog import NotificationLog
 from watchd.alerting.receivers.base import Notification, NotifyError, Rate
 from watchd.alerting.receivers.simple import WebhookNotifier
 from watchd.alerting.silencing import Inhibitor, Silence, Silencer
-from watchd.config.alerting import InhibitRule, RouteConfig
+from watchd.config.alerting import InhibitRule, RouteConfig, default_inhibit
 from watchd.kits.matchers import parse_matchers
 from watchd.store.sqlite import StateFile
 
@@ -188,6 +188,31 @@ async def test_identity_unhealthy_inhibits_its_chat_alerts(tmp_path: Path) -> No
         await asyncio.sleep(WAIT + 1)
         sent = {(a.labels["alertname"], a.labels["identity"]) for n in rec.sent for a in n.alerts}
         assert sent == {("IdentityUnhealthy", "a"), ("ChatStuck", "b")}
+
+
+async def test_by_default_a_fleet_incident_holds_back_its_members_pages(tmp_path: Path) -> None:
+    """With the default inhibit rules, while a FleetIncident fires for (deployment, cause)
+    its member chats' ChatStuck/ChatStranded are held back; another cause still pages."""
+
+    def member(chat: str, cause: str, name: str = "ChatStuck") -> Alert:
+        a = alert(chat, name=name)
+        return Alert(a.fingerprint, {**a.labels, "deployment": "d", "cause": cause}, starts_at=1)
+
+    incident = Alert(
+        fingerprint="inc",
+        labels={"alertname": "FleetIncident", "deployment": "d", "cause": "capacity"},
+        starts_at=1.0,
+    )
+    async with dispatcher(tmp_path, rules=default_inhibit()) as (d, rec, _):
+        d.put(incident)
+        for i in range(5):
+            d.put(member(str(i), "capacity"))
+        d.put(member("s", "capacity", name="ChatStranded"))
+        d.put(member("q", "quota"))
+        await asyncio.sleep(WAIT + 1)
+        sent = {a.labels.get("chat_id", a.name) for n in rec.sent for a in n.alerts}
+        assert sent == {"FleetIncident", "q"}
+        assert d.muted["inhibited"] == 6
 
 
 async def test_transient_failure_retries_after_exactly_retry_after(tmp_path: Path) -> None:

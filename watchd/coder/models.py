@@ -69,8 +69,16 @@ class WorkspaceBuild:
     status: str
     job_status: str = ""
     error_code: str = ""
+    # The provisioner job's error text (cut to 300 characters): coderd may fail a build
+    # for quota with only this ("insufficient quota") and no error_code.
+    error: str = ""
     # Read from the same response (latest_build.resources[].agents[]): no extra call.
     agents: tuple[Agent, ...] = ()
+
+    @property
+    def quota_failed(self) -> bool:
+        """Failed for quota, in either of coderd's shapes: the code, or only the text."""
+        return self.error_code == "INSUFFICIENT_QUOTA" or "insufficient quota" in self.error.lower()
 
 
 MAX_AGENTS = 16  # of one workspace's agents, read for diagnosis
@@ -165,6 +173,7 @@ def parse_workspace_build(obj: Any) -> WorkspaceBuild:
         status=as_text(build, "status"),
         job_status=as_text(job, "status"),
         error_code=as_text(job, "error_code"),
+        error=as_text(job, "error")[:300],
         agents=_agents(build),
     )
 

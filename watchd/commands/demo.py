@@ -35,7 +35,7 @@ watchd demo — a simulated Coder deployment (era E, /api/v2) with three identit
           finishes *silently* (the stream never says so; the reconcile finds it), and
           a workspace quota that keeps rising (a forecast pages a minute ahead)
   team-b  a client-tool pause stranded in `requires_action`, a chat whose workspace
-          build failed with INSUFFICIENT_QUOTA, and a parent with a subagent child
+          build failed for insufficient quota, and a parent with a subagent child
   team-c  a revoked token
 
 Budgets are shortened for the demo: running 20s, requires_action 15s, interrupting

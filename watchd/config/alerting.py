@@ -163,13 +163,20 @@ class InhibitRule(Strict):
 
 
 def default_inhibit() -> list[InhibitRule]:
-    # An identity that cannot watch has no trustworthy verdicts; its ChatStuck is noise.
     return [
+        # An identity that cannot watch has no trustworthy verdicts; its ChatStuck is noise.
         InhibitRule(
             source_matchers=['alertname="IdentityUnhealthy"'],
             target_matchers=['alertname=~"ChatStuck|ChatStranded"'],
             equal=["identity"],
-        )
+        ),
+        # One page per cause: a FleetIncident holds back its members' pages (they stay on
+        # /status, as inhibited). With incidents off none fires, so every chat pages.
+        InhibitRule(
+            source_matchers=['alertname="FleetIncident"'],
+            target_matchers=['alertname=~"ChatStuck|ChatStranded"'],
+            equal=["deployment", "cause"],
+        ),
     ]
 
 

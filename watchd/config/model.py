@@ -35,6 +35,7 @@ from watchd.config.watching import (
     DetectionConfig,
     ForecastConfig,
     IdentityConfig,
+    IncidentsConfig,
     QuotaConfig,
 )
 from watchd.kits import sharding
@@ -56,6 +57,7 @@ class Config(Strict):
         floor(5.0, "a full listing per identity more often only burns Coder's rate budget"),
     ] = 60.0
     detection: DetectionConfig = Field(default_factory=DetectionConfig)
+    incidents: IncidentsConfig = Field(default_factory=IncidentsConfig)
     receivers: list[ReceiverConfig] = Field(
         default_factory=lambda: [ReceiverConfig(name="console", console=ConsoleReceiver())]
     )

@@ -84,6 +84,19 @@ class DetectionConfig(Strict):
     chat_failed: bool = False
 
 
+class IncidentsConfig(Strict):
+    """FleetIncident: one alert per (deployment, cause) over its firing chat alerts."""
+
+    # On: when the deployment's concurrency cap or a group's quota sticks 200 chats
+    # together, the on-call gets one page naming the cause, not 200 (the default
+    # inhibit_rules mute the members). false restores one page per chat.
+    enabled: bool = True
+    # Five chats of one cause at once is past coincidence (an unlicensed deployment runs 5
+    # root chats at a time, so a full cap queues at least that many). At least 2: a lone
+    # chat is already paged by its own alert.
+    min_chats: Annotated[int, Field(ge=2)] = 5
+
+
 class QuotaConfig(Strict):
     """Workspace-quota headroom per identity (premium deployments)."""
 

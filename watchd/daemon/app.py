@@ -152,6 +152,7 @@ class Daemon:
             chat_failed=config.detection.chat_failed,
             link_template=config.chat_link_template,
             wall=self.clock,
+            incidents=config.incidents,  # h26 (issue 26): FleetIncident settings
         )
         self.state_watch = StateWatch(db=self.db, detector=self.detector, state_dir=str(state_dir))
         self.metrics = Metrics(self)
@@ -330,6 +331,7 @@ class Daemon:
             listing_threshold=d.confirm_listing_threshold,
             chat_failed=d.chat_failed,
             link_template=config.chat_link_template,
+            incidents=config.incidents,  # h26 (issue 26): FleetIncident settings
         )
         # Only owned identities run here: a resharding reload starts and stops watchers
         # like an edit of the identity list would. One owned by another replica now keeps

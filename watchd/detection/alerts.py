@@ -18,6 +18,7 @@ from typing import NamedTuple
 from watchd.alerting.model import Alert
 from watchd.config.fields import duration_text, format_duration
 from watchd.detection.budgets import ChatVerdict
+from watchd.detection.causes import cause
 from watchd.detection.diagnosis import (
     INVALID_HINT,
     Facts,
@@ -204,6 +205,8 @@ class Renderer:
         rec = d.rec
         name = d.name
         title = d.title
+        # The diagnosis as a label (fleet.md §1); not part of the fingerprint.
+        d.labels["cause"] = cause(facts)
         age_text = duration_text(age)
         limit_text = d.limit_text
         if name == "ChatStalled":

@@ -28,7 +28,7 @@ from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.detection.alerts import Draft, Renderer, unconfirmed_alert
 from watchd.detection.budgets import Clock, Overdue, past_budget
-from watchd.detection.diagnosis import Facts
+from watchd.detection.diagnosis import Facts, to_read
 from watchd.detection.drafting import Drafted, Drafting, LatePages
 from watchd.detection.ledger import ClockKey, Ledger
 from watchd.detection.timers import TimerHeap
@@ -55,7 +55,8 @@ UNCONFIRMED_AFTER = 3
 SETTLE_QUIET = 0.05
 SETTLE_LOOKAHEAD = 0.25  # a deadline this close still belongs to the burst
 SETTLE_MAX = 1.0
-# Workspace builds read for one burst's diagnosis; the rest use what is cached.
+# Workspace builds read for one burst's diagnosis (the workspaces most of its chats are
+# bound to); chats bound to one workspace share its read; the rest use what is cached.
 BURST_LOOKUPS = 20
 
 
@@ -327,17 +328,19 @@ class Confirming:
         return due
 
     async def _facts(self, w: Watched, due: list[_Due]) -> list[Facts]:
-        """What explains each due chat: a burst reads at most BURST_LOOKUPS workspace
-        builds (one per workspace); a chat alone reads its own."""
-        burst = len(due)
-        looked: set[str] = set()
+        """What explains each due chat. A burst reads at most BURST_LOOKUPS workspace
+        builds, those of the workspaces most of its chats are bound to (:func:`to_read`);
+        the chats bound to one workspace share its one read (the reader remembers it), and
+        a workspace whose read failed is not read again in this burst. A chat alone reads
+        its own."""
+        chosen = to_read((d[0] for d in due), limit=BURST_LOOKUPS) if len(due) > 1 else None
+        read: set[str] = set()
         facts: list[Facts] = []
         for rec, *_ in due:
             ws = rec.workspace_id
-            lookup = burst == 1 or (ws is not None and ws not in looked)
-            lookup = lookup and len(looked) < BURST_LOOKUPS
+            lookup = chosen is None or (ws is not None and ws in chosen and ws not in read)
             if lookup and ws:
-                looked.add(ws)
+                read.add(ws)
             try:
                 got = await w.confirmer.facts(rec, lookup=lookup)
             except (CoderError, PayloadError) as exc:

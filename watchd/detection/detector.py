@@ -18,10 +18,11 @@ from collections.abc import Iterable, Mapping
 
 from watchd.alerting.model import Alert, AlertSink, fingerprint
 from watchd.coder.models import KNOWN_STATUSES
-from watchd.config.watching import Budgets
+from watchd.config.watching import Budgets, IncidentsConfig
 from watchd.detection.alerts import Renderer, identity_degraded, identity_unhealthy
 from watchd.detection.budgets import ERROR, RUNNING, budget
 from watchd.detection.confirming import Confirming
+from watchd.detection.incidents import Incidents
 from watchd.detection.ledger import ClockKey, Ledger
 from watchd.detection.timers import TimerHeap
 from watchd.detection.watched import Confirmer, Watched
@@ -61,6 +62,7 @@ class Detector:
         chat_failed: bool = False,
         link_template: str = "{deployment}/agents/{chat_id}",
         wall: WallClock | None = None,
+        incidents: IncidentsConfig | None = None,
     ) -> None:
         self.wall: WallClock = wall or SystemClock()
         self.store = store
@@ -81,8 +83,14 @@ class Detector:
             "deferred": 0,
             "unfounded": 0,
         }
+        inc = incidents or IncidentsConfig()
         self.ledger = Ledger(
-            sink=sink, db=db, timers=self.timers, wall=self.wall, counters=self.counters
+            sink=sink,
+            db=db,
+            timers=self.timers,
+            wall=self.wall,
+            counters=self.counters,
+            incidents=Incidents(enabled=inc.enabled, min_chats=inc.min_chats),
         )
         self.renderer = Renderer(link_template=link_template)
         self.confirming = Confirming(
@@ -106,13 +114,24 @@ class Detector:
         self._unknown_statuses: set[str] = set()
 
     def retune(
-        self, *, confirm_rate: float, listing_threshold: int, chat_failed: bool, link_template: str
+        self,
+        *,
+        confirm_rate: float,
+        listing_threshold: int,
+        chat_failed: bool,
+        link_template: str,
+        incidents: IncidentsConfig | None = None,
     ) -> None:
         """A reload's new detection settings, for every identity from now on."""
         self.chat_failed = self.confirming.chat_failed = chat_failed
         self.confirming.confirm_rate = confirm_rate
         self.confirming.listing_threshold = listing_threshold
         self.renderer.link_template = link_template
+        if incidents is not None:
+            self.ledger.incidents.retune(
+                enabled=incidents.enabled, min_chats=incidents.min_chats, firing=self.firing
+            )
+            self.ledger.settle_incidents()
 
     # -- identities ---------------------------------------------------------------
 

@@ -6,6 +6,8 @@ record, workspace build, quota headroom) are gathered by the caller.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -68,17 +70,16 @@ def hint(
             "may be the only record of a committed client-tool effect)"
         )
     build = facts.build
-    if build is not None and (
-        build.status in ("pending", "failed") or build.error_code == "INSUFFICIENT_QUOTA"
-    ):
+    if build is not None and (build.status in ("pending", "failed") or build.quota_failed):
         quota_note = ""
         if facts.quota is not None and not facts.quota.unlimited:
             quota_note = (
                 f" (quota: {facts.quota.credits_consumed}/{facts.quota.budget} credits used)"
             )
-        if build.error_code == "INSUFFICIENT_QUOTA":
+        if build.quota_failed:
             return (
-                "workspace cannot be scheduled: its build failed with INSUFFICIENT_QUOTA"
+                "workspace cannot be scheduled: its build failed for insufficient quota "
+                "(INSUFFICIENT_QUOTA)"
                 f"{quota_note}; reclaim credits by deleting workspaces (stopping only "
                 "frees stop-scoped costs) or raise the group allowance"
             )
@@ -147,3 +148,12 @@ def ledger_keys(rec: ChatRecord) -> str:
 def agents_text(build: WorkspaceBuild) -> str:
     """A build's agents as ``name: status/lifecycle_state``."""
     return ", ".join(f"{a.name}: {a.status}/{a.lifecycle_state}" for a in build.agents)
+
+
+def to_read(records: Iterable[ChatRecord], *, limit: int) -> frozenset[str]:
+    """The workspaces whose builds a burst reads: the ``limit`` its chats are bound to most
+    (the first bound to, among equals). A burst on at most ``limit`` workspaces has every
+    chat's build read; a larger one leaves unread the chats of the workspaces with fewest
+    chats."""
+    bound = Counter(rec.workspace_id for rec in records if rec.workspace_id)
+    return frozenset(ws for ws, _ in bound.most_common(limit))

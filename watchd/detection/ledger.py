@@ -1,8 +1,10 @@
 """The firing alerts of every kind, and nothing else: remember, fire, resolve, persist.
 
 Chat verdicts, IdentityUnhealthy, QuotaLow and QuotaExhaustionForecast (the quota
-watcher) and ChatSwept (the sweeper) all go through here, so every firing alert is in the
-state file (its own ``alerts`` table, :class:`StoredAlerts`) and resolves after a restart
+watcher), ChatSwept (the sweeper) and FleetIncident (what
+:mod:`watchd.detection.incidents` answers after each fire and resolve of a chat alert)
+all go through here, so every firing alert is in the state file (its own ``alerts``
+table, :class:`StoredAlerts`) and resolves after a restart
 as it would have before it. A chat verdict also *holds its clock*: its timer is cancelled
 while it fires (no re-confirm loop), and re-armed by the detector only once it resolves.
 Renders nothing (:mod:`watchd.detection.alerts`) and decides nothing
@@ -23,6 +25,7 @@ import orjson
 from watchd.alerting.model import Alert, AlertSink, resolution
 from watchd.detection.alerts import said_invalid
 from watchd.detection.budgets import ChatVerdict
+from watchd.detection.incidents import Incidents
 from watchd.detection.timers import TimerHeap
 from watchd.kits import logs
 from watchd.kits.clock import WallClock
@@ -130,6 +133,7 @@ class Ledger:
         timers: TimerHeap,
         wall: WallClock,
         counters: dict[str, int],
+        incidents: Incidents | None = None,
     ) -> None:
         self.sink = sink
         self.stored = db.part(StoredAlerts) if db is not None else None
@@ -155,6 +159,10 @@ class Ledger:
                             starts_at=row.starts_at,
                         )
                     )
+        # FleetIncidents over the chat alerts: fed by every fire and resolve below.
+        self.incidents = incidents if incidents is not None else Incidents()
+        self.incidents.restore(self.firing)
+        self.settle_incidents()
 
     # -- firing -------------------------------------------------------------------
 
@@ -162,6 +170,7 @@ class Ledger:
         self, alert: Alert, *, identity: str, chat_id: str | None, quiet: bool = False
     ) -> None:
         self._fire(alert, identity, chat_id, say=log.debug if quiet else log.warning)
+        self.settle_incidents()
 
     def fire_all(self, alerts: Iterable[tuple[Alert, str, str | None]], *, quiet: bool) -> None:
         """Fire each (alert, identity, chat id) in turn, as :meth:`fire` would; ``alerts``
@@ -171,23 +180,13 @@ class Ledger:
         say = log.warning if not quiet else log.debug if log.is_enabled_for(DEBUG) else None
         for alert, identity, chat_id in alerts:
             self._fire(alert, identity, chat_id, say=say)
+        self.settle_incidents()
 
     def _fire(
         self, alert: Alert, identity: str, chat_id: str | None, *, say: Callable[..., Any] | None
     ) -> None:
         self._remember(alert)
-        if self.stored is not None:
-            self.stored.save(
-                StoredAlert(
-                    alert.fingerprint,
-                    identity,
-                    chat_id,
-                    alert.labels,
-                    alert.annotations,
-                    alert.starts_at,
-                    alert.ends_at,
-                )
-            )
+        self._save(alert, identity, chat_id)
         self.counters["fired"] += 1
         self.history.append(alert)
         if say is not None:
@@ -201,6 +200,36 @@ class Ledger:
                 clock=alert.annotations.get("clock"),
             )
         self.sink.put(alert)
+        self.incidents.join(alert)
+
+    def _save(self, alert: Alert, identity: str, chat_id: str | None) -> None:
+        if self.stored is not None:
+            self.stored.save(
+                StoredAlert(
+                    alert.fingerprint,
+                    identity,
+                    chat_id,
+                    alert.labels,
+                    alert.annotations,
+                    alert.starts_at,
+                    alert.ends_at,
+                )
+            )
+
+    def settle_incidents(self) -> None:
+        """Fire, re-raise or resolve the FleetIncidents the last fires and resolves
+        changed. A re-raise (members joined or left) updates the firing alert in place:
+        the group's next notification carries it, and it is no new page."""
+        fire, resolve = self.incidents.settle()
+        for alert in fire:
+            if alert.fingerprint in self.firing:
+                self.firing[alert.fingerprint] = alert
+                self._save(alert, "", None)
+                self.sink.put(alert)
+            else:
+                self._fire(alert, "", None, say=log.warning)
+        for fp in resolve:
+            self.resolve(fp, at=self.wall.now(), why="no member chat alert fires any more")
 
     def raise_alert(self, alert: Alert, *, identity: str) -> None:
         """Fire an identity-level alert once (persisted like every other)."""
@@ -277,6 +306,7 @@ class Ledger:
         chat = alert.labels.get("chat_id")
         if chat:
             self._forget_chat(alert.labels.get("identity", ""), chat, fp, alert.name)
+            self.incidents.leave(alert)
         # A chat alert starts at a server time; a host clock behind the server must not
         # end it before it started (Alertmanager refuses endsAt < startsAt).
         resolved = resolution(alert, at=max(at, alert.starts_at), why=why)
@@ -293,6 +323,7 @@ class Ledger:
             reason=why,
         )
         self.sink.put(resolved)
+        self.settle_incidents()
 
     def hand_over(self, name: str) -> list[str]:
         """Forget an identity's firing alerts without resolving them: another replica owns
@@ -307,9 +338,12 @@ class Ledger:
                 # identity's clocks are this replica's no longer.
                 self.firing_clocks.pop((name, chat, clock_of(alert.name)), None)
                 self._forget_chat(name, chat, fp, None)
+                self.incidents.leave(alert)
             if self.stored is not None:
                 self.stored.delete(fp)
             dropped.append(fp)
+        # This replica counts only the chats of identities it owns (docs/alerting.md).
+        self.settle_incidents()
         return dropped
 
     def _forget_chat(self, identity: str, chat: str, fp: str, name: str | None) -> None:

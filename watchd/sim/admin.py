@@ -253,6 +253,7 @@ class AdminAPI:
             build_status=body.get("build_status", "running"),
             job_status=body.get("job_status", "succeeded"),
             error_code=body.get("error_code", ""),
+            job_error=body.get("job_error", ""),
         )
         ws.agent_status = body.get("agent_status", ws.agent_status)
         ws.agent_lifecycle = body.get("agent_lifecycle", ws.agent_lifecycle)

@@ -59,6 +59,10 @@ class SimUser:
     rise_since: float = 0.0
 
 
+# What coderd's provisioner server writes to a job it fails for quota (no error_code).
+QUOTA_JOB_ERROR = "insufficient quota"
+
+
 @dataclass
 class SimWorkspace:
     id: str
@@ -67,6 +71,9 @@ class SimWorkspace:
     build_status: str = "running"  # pending | starting | running | failed | stopped
     job_status: str = "succeeded"
     error_code: str = ""
+    # The provisioner job's error text. coderd's real shape for a quota failure is this
+    # text ("insufficient quota") with no error_code; the scenarios use it.
+    job_error: str = ""
     cost: int = 10
     # Its one agent (codersdk.WorkspaceAgent): connecting | connected | disconnected |
     # timeout, and created | starting | start_timeout | start_error | ready | ….

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from watchd.sim import quota
-from watchd.sim.records import Step
+from watchd.sim.records import QUOTA_JOB_ERROR, Step
 from watchd.sim.state import SimState
 
 
@@ -76,8 +76,9 @@ def demo(state: SimState) -> list[Identity]:
     )
     state.add_chat(a, title="Old finished chat", status="waiting", age=3600)
     state.add_chat(b, title="Run the SQL migration tool", status="requires_action")
+    # coderd's real shape: the job's error text, no error_code.
     ws = state.add_workspace(
-        b, build_status="failed", job_status="failed", error_code="INSUFFICIENT_QUOTA"
+        b, build_status="failed", job_status="failed", job_error=QUOTA_JOB_ERROR
     )
     state.add_chat(b, title="Provision preview env", status="running", workspace=ws)
     root = state.add_chat(

@@ -27,7 +27,7 @@ from watchd.sim.payloads import (
     json_response,
 )
 from watchd.sim.quota import consumed
-from watchd.sim.records import SimError, SimUser
+from watchd.sim.records import SimError, SimUser, SimWorkspace
 from watchd.sim.state import SimState
 from watchd.sim.watch import WatchSockets
 
@@ -244,7 +244,7 @@ class SimServer:
                     "status": ws.build_status,
                     "transition": "start",
                     "daily_cost": ws.cost,
-                    "job": {"status": ws.job_status, "error_code": ws.error_code},
+                    "job": _job(ws),
                     "resources": [
                         {
                             "name": "dev",
@@ -260,3 +260,14 @@ class SimServer:
                 },
             },
         )
+
+
+def _job(ws: SimWorkspace) -> dict[str, str]:
+    """A build's provisioner job as coderd sends it: ``error`` and ``error_code`` only
+    when set (coderd omits empty ones)."""
+    job = {"status": ws.job_status}
+    if ws.job_error:
+        job["error"] = ws.job_error
+    if ws.error_code:
+        job["error_code"] = ws.error_code
+    return job

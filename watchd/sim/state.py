@@ -137,6 +137,7 @@ class SimState(PubSub, HttpRate):
         build_status: str = "running",
         job_status: str = "succeeded",
         error_code: str = "",
+        job_error: str = "",
         cost: int = 10,
     ) -> SimWorkspace:
         ws = SimWorkspace(
@@ -146,6 +147,7 @@ class SimState(PubSub, HttpRate):
             build_status=build_status,
             job_status=job_status,
             error_code=error_code,
+            job_error=job_error,
             cost=cost,
         )
         self.workspaces[ws.id] = ws
