@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 from watchd.alerting.model import Alert
-from watchd.config.fields import duration_text, format_duration
+from watchd.config.fields import duration_text
 from watchd.detection.budgets import ChatVerdict
 from watchd.detection.causes import cause
 from watchd.detection.diagnosis import (
@@ -27,7 +27,6 @@ from watchd.detection.diagnosis import (
     ledger_keys,
     pending_text,
 )
-from watchd.store.health import IdentityHealth
 from watchd.store.records import (
     CLOCK_LOWER_BOUND,
     CLOCK_SYNTHESIZED,
@@ -239,24 +238,7 @@ class Renderer:
                 now=rec.since + age if clock == "status" else None,
             ),
         }
-        if rec.workspace_id:
-            annotations["workspace_id"] = rec.workspace_id
-        if facts.build is not None:
-            annotations["workspace_build"] = facts.build.status + (
-                f" ({facts.build.error_code})" if facts.build.error_code else ""
-            )
-            if facts.build.agents:
-                annotations["workspace_agents"] = agents_text(facts.build)
-        if facts.quota is not None:
-            annotations["quota"] = (
-                "unlimited"
-                if facts.quota.unlimited
-                else f"{facts.quota.credits_consumed}/{facts.quota.budget}"
-            )
-        if rec.queued_for_capacity:
-            annotations["queued_for_capacity"] = "true"
-        if invalid is not None:
-            annotations["execution_state"] = f"invalid: {invalid}"
+        _add_evidence(annotations, rec, facts, invalid)
         for k, v in d.tail:
             annotations[k] = v
         # startsAt from what the server said (the clock start plus the budget: when the
@@ -269,6 +251,31 @@ class Renderer:
             starts_at=d.starts_at,
             measured_at=measured_at,
         )
+
+
+def _add_evidence(
+    annotations: dict[str, str], rec: ChatRecord, facts: Facts, invalid: str | None
+) -> None:
+    """What the diagnosis read, as annotations: workspace, build, agents, quota, capacity
+    flag and an invalid execution state (each where known)."""
+    if rec.workspace_id:
+        annotations["workspace_id"] = rec.workspace_id
+    if facts.build is not None:
+        annotations["workspace_build"] = facts.build.status + (
+            f" ({facts.build.error_code})" if facts.build.error_code else ""
+        )
+        if facts.build.agents:
+            annotations["workspace_agents"] = agents_text(facts.build)
+    if facts.quota is not None:
+        annotations["quota"] = (
+            "unlimited"
+            if facts.quota.unlimited
+            else f"{facts.quota.credits_consumed}/{facts.quota.budget}"
+        )
+    if rec.queued_for_capacity:
+        annotations["queued_for_capacity"] = "true"
+    if invalid is not None:
+        annotations["execution_state"] = f"invalid: {invalid}"
 
 
 class Draft(NamedTuple):
@@ -286,70 +293,6 @@ class Draft(NamedTuple):
     template: str  # the link template it was drafted with (a reload may change it)
     tail: list[tuple[str, str]]
     starts_at: float
-
-
-def identity_unhealthy(
-    h: IdentityHealth,
-    *,
-    fp: str,
-    labels: Mapping[str, str],
-    down_for: float,
-    starts_at: float,
-) -> Alert:
-    """IdentityUnhealthy for an identity that cannot watch its chats for ``down_for``."""
-    out = dict(labels)
-    out.update(
-        {
-            "alertname": "IdentityUnhealthy",
-            "identity": h.name,
-            "deployment": h.deployment,
-            "severity": "critical",
-            "status": h.state,
-        }
-    )
-    return Alert(
-        fingerprint=fp,
-        labels=out,
-        starts_at=starts_at,
-        annotations={
-            "summary": f"Identity {h.name} cannot watch its chats ({h.state}) for "
-            f"{format_duration(down_for)}",
-            # Lets renderers keep "for …" live (alerting.model.live).
-            "time_in_status": format_duration(down_for),
-            "time_in_status_seconds": f"{down_for:.0f}",
-            "last_error": h.last_error or "(none)",
-            "hint": _identity_hint(h),
-            "effect": "no ChatStuck verdicts for this identity until it recovers",
-        },
-    )
-
-
-def identity_degraded(
-    h: IdentityHealth, *, fp: str, labels: Mapping[str, str], starts_at: float
-) -> Alert:
-    """IdentityDegraded: the identity is watched by listing only (its stream is refused)."""
-    out = dict(labels)
-    out.update(
-        {
-            "alertname": "IdentityDegraded",
-            "identity": h.name,
-            "deployment": h.deployment,
-            "severity": "warning",
-            "status": h.state,
-        }
-    )
-    return Alert(
-        fingerprint=fp,
-        labels=out,
-        starts_at=starts_at,
-        annotations={
-            "summary": f"Identity {h.name} is watched by polling: its watch stream is refused",
-            "last_error": h.last_error or "(none)",
-            "hint": "a proxy or load balancer in front of Coder refuses WebSocket upgrades "
-            "on /chats/watch: allow them (Upgrade and Connection headers, long idle timeouts)",
-            "effect": "verdicts go on from listings; changes are seen up to a poll late",
-        },
-    )
 
 
 def _labels_cut(labels: tuple[tuple[str, str], ...]) -> str:
@@ -383,14 +326,3 @@ def unconfirmed_alert(alert: Alert, error: str) -> Alert:
         f"failing: {error}; check what answers GET /chats/<id> for this token)"
     ).strip()
     return dataclasses.replace(alert, annotations=annotations)
-
-
-def _identity_hint(h: IdentityHealth) -> str:
-    if h.state == "auth_failed":
-        return (
-            "the token was refused (401/403): rotate it and update the token file; "
-            "watchd re-reads it on retry"
-        )
-    if h.state == "not_found":
-        return "no chats API at this URL under /api/v2 or /api/experimental: check the url"
-    return "Coder is unreachable or failing: check the deployment and the network path"

@@ -19,9 +19,10 @@ from collections.abc import Iterable, Mapping
 from watchd.alerting.model import Alert, AlertSink, fingerprint
 from watchd.coder.models import KNOWN_STATUSES
 from watchd.config.watching import Budgets, IncidentsConfig
-from watchd.detection.alerts import Renderer, identity_degraded, identity_unhealthy
+from watchd.detection.alerts import Renderer
 from watchd.detection.budgets import ERROR, RUNNING, budget
 from watchd.detection.confirming import Confirming
+from watchd.detection.identity_alerts import identity_degraded, identity_unhealthy
 from watchd.detection.incidents import Incidents
 from watchd.detection.ledger import ClockKey, Ledger
 from watchd.detection.timers import TimerHeap
