@@ -62,8 +62,8 @@ async def test_a_shared_shard_index_fires_overlap_and_gap(
     finally:
         for d in daemons:
             d.stop()
-    summaries = {
-        r["alert"]: r["annotations"]["summary"]
+    annotations = {
+        r["alert"]: r["annotations"]
         for g in yaml.safe_load((ROOT / "alerts" / "watchd.rules.yml").read_text())["groups"]
         for r in g["rules"]
     }
@@ -82,7 +82,8 @@ async def test_a_shared_shard_index_fires_overlap_and_gap(
                     {
                         "exp_labels": {"severity": severity, "identity": n},
                         "exp_annotations": {
-                            "summary": summaries[alert].replace("{{ $labels.identity }}", n)
+                            k: v.replace("{{ $labels.identity }}", n)
+                            for k, v in annotations[alert].items()
                         },
                     }
                     for n in mine
