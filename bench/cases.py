@@ -590,6 +590,9 @@ def detection_latency(chats: int, budget: float) -> list[Row]:
                     {"name": "hook", "webhook": {"url": f"http://127.0.0.1:{port}/hook"}}
                 ],
                 "route": {"receiver": "hook", "group_wait": "0s", "group_interval": "1s"},
+                # Each chat's own page is what is timed: a FleetIncident (on by default)
+                # would inhibit the burst's pages into one.
+                "incidents": {"enabled": False},
             },
         )
         try:
