@@ -1154,8 +1154,8 @@ async def test_chat_labels_copied_into_alerts_are_bounded() -> None:
 
 async def test_a_host_clock_step_moves_no_deadline() -> None:
     """With the daemon's clock (the host's at start, then monotonic), the host clock
-    stepped back an hour (an NTP step, a VM restore) and forward again moves no
-    deadline: a chat due in 10 s pages in 10 s, not an hour later."""
+    stepped back an hour (an NTP step, a VM restore) moves no deadline: a chat due in
+    10 s pages in 10 s, not an hour later."""
     import time as _time
     from unittest import mock
 
@@ -1199,8 +1199,9 @@ async def test_a_host_clock_step_moves_no_deadline() -> None:
 def test_the_daemon_reads_one_step_free_clock_everywhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The daemon's detector, its identities' server clocks and its dispatcher share one
-    clock that a host clock step does not move (issue: timers on the monotonic clock)."""
+    """The daemon's detector and its identities (whose server clocks it builds) share the
+    one clock a host clock step does not move (the dispatcher, made in run(), gets it
+    there)."""
     from watchd.config.loading import parse_config
     from watchd.config.secrets import resolve_secrets
     from watchd.daemon.app import Daemon

@@ -224,8 +224,7 @@ async def test_a_foreign_lock_on_the_database_never_blocks_the_loop(tmp_path: Pa
 
 async def test_an_observed_transition_is_on_disk_within_milliseconds(tmp_path: Path) -> None:
     """A transition the store observed is committed at once (the flusher is hurried), not
-    within the second: a kill -9 right after it cannot forget the episode it began; a
-    refresh still waits for the once-a-second flush."""
+    within the second: a kill -9 right after it cannot forget the episode it began."""
     from watchd.coder.observing import ChatId, Observation
 
     db = StateFile.open(tmp_path / "watchd.sqlite3")

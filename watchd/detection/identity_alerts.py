@@ -21,19 +21,9 @@ def identity_unhealthy(
     starts_at: float,
 ) -> Alert:
     """IdentityUnhealthy for an identity that cannot watch its chats for ``down_for``."""
-    out = dict(labels)
-    out.update(
-        {
-            "alertname": "IdentityUnhealthy",
-            "identity": h.name,
-            "deployment": h.deployment,
-            "severity": "critical",
-            "status": h.state,
-        }
-    )
     return Alert(
         fingerprint=fp,
-        labels=out,
+        labels=_labels(h, labels, "IdentityUnhealthy", "critical"),
         starts_at=starts_at,
         annotations={
             "summary": f"Identity {h.name} cannot watch its chats ({h.state}) for "
@@ -52,19 +42,9 @@ def identity_degraded(
     h: IdentityHealth, *, fp: str, labels: Mapping[str, str], starts_at: float
 ) -> Alert:
     """IdentityDegraded: the identity is watched by listing only (its stream is refused)."""
-    out = dict(labels)
-    out.update(
-        {
-            "alertname": "IdentityDegraded",
-            "identity": h.name,
-            "deployment": h.deployment,
-            "severity": "warning",
-            "status": h.state,
-        }
-    )
     return Alert(
         fingerprint=fp,
-        labels=out,
+        labels=_labels(h, labels, "IdentityDegraded", "warning"),
         starts_at=starts_at,
         annotations={
             "summary": f"Identity {h.name} is watched by polling: its watch stream is refused",
@@ -85,3 +65,20 @@ def _identity_hint(h: IdentityHealth) -> str:
     if h.state == "not_found":
         return "no chats API at this URL under /api/v2 or /api/experimental: check the url"
     return "Coder is unreachable or failing: check the deployment and the network path"
+
+
+def _labels(
+    h: IdentityHealth, labels: Mapping[str, str], name: str, severity: str
+) -> dict[str, str]:
+    """An identity alert's labels: the identity's configured ones, then its own."""
+    out = dict(labels)
+    out.update(
+        {
+            "alertname": name,
+            "identity": h.name,
+            "deployment": h.deployment,
+            "severity": severity,
+            "status": h.state,
+        }
+    )
+    return out

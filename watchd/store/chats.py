@@ -266,13 +266,12 @@ class ChatStore:
     def _sane(self, identity: str, chat: Observation, *, now: float) -> Observation:
         """``chat`` with an ``updated_at`` that can serve as a clock: one past server-now
         (beyond the tolerance) is clamped to now; one before the chat's ``created_at`` is
-        dropped (the observation time stands in). Both are counted by identity.
-        ``created_at`` is read only for a stamp more than a day old."""
+        dropped (the observation time stands in). Both are counted by identity. Asked by
+        :meth:`observe` only for a stamp past the tolerance, more than a day old (then
+        ``created_at`` is read), or beside a parsed ``created_at``: the usual stamp costs
+        no call."""
         ts = chat.updated_at
-        if ts is None or (
-            ts <= now + FUTURE_TOLERANCE and ts >= now - _OLD_STAMP and chat.created_at is None
-        ):
-            return chat
+        assert ts is not None
         if ts > now + FUTURE_TOLERANCE:
             self.future_clamped[identity] = self.future_clamped.get(identity, 0) + 1
             return replace(chat, updated_at=now)
