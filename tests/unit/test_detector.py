@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +64,11 @@ class FakeConfirmer:
     ) -> None:
         self.server, self.store, self.det, self.name, self.clock = server, store, det, name, clock
         self.builds: dict[str, WorkspaceBuild] = {}
+        self.capacity_asked: list[str] = []
+
+    def learn_capacity(self, chat_ids: Sequence[str]) -> None:
+        """As Rereads: queued for the reconciler's paced GETs (a test performs them)."""
+        self.capacity_asked.extend(chat_ids)
 
     async def reread(self, chat_id: str) -> Literal["read", "gone"]:
         """As the watcher's Rereads answers: into the store, the changes to the sink."""
@@ -1224,3 +1229,67 @@ def test_the_daemon_reads_one_step_free_clock_everywhere(
     finally:
         d.db.close()
         d.state_lock.release()
+
+
+async def test_a_burst_confirmed_by_a_listing_learns_its_capacity_flags_and_the_cause_follows() -> (
+    None
+):
+    """Running chats a listing confirmed (list rows never carry queued_for_capacity) are
+    asked a GET each; one found queued is re-said with cause capacity and the capacity
+    hint under its own fingerprint, and the FleetIncident moves from unknown to capacity."""
+    async with rig(
+        Budgets(running=60, requires_action=60), listing_threshold=5, incidents=True
+    ) as r:
+        r.ready()
+        now = r.clock.now()
+        for i in range(6):
+            r.see(f"c{i}", "running", now - 120, via="listing")
+        r.see("s1", "requires_action", now - 120, via="listing")
+        await r.settle()
+        first = {a.labels["chat_id"]: a for a in r.sink.alerts if a.name == "ChatStuck"}
+        assert len(first) == 6 and {a.labels["cause"] for a in first.values()} == {"unknown"}
+        unknown = [a for a in r.sink.alerts if a.name == "FleetIncident"]
+        assert [(a.labels["cause"], a.status) for a in unknown] == [("unknown", "firing")]
+        confirmer = r.det.watched["a"].confirmer
+        assert isinstance(confirmer, FakeConfirmer)
+        assert sorted(confirmer.capacity_asked) == [f"c{i}" for i in range(6)]  # not s1
+        r.sink.alerts.clear()
+        for cid in confirmer.capacity_asked:
+            r.server.chats[cid] = replace(r.server.chats[cid], queued_for_capacity=True)
+            await confirmer.reread(cid)
+        said = {a.labels["chat_id"]: a for a in r.sink.alerts if a.name == "ChatStuck"}
+        assert set(said) == set(first)
+        for cid, a in said.items():
+            assert a.status == "firing" and a.fingerprint == first[cid].fingerprint
+            assert a.labels["cause"] == "capacity" and a.annotations["queued_for_capacity"]
+            assert a.annotations["hint"].startswith("deployment concurrency cap reached")
+        incidents = [
+            (a.labels["cause"], a.status, a.annotations.get("count"))
+            for a in r.sink.alerts
+            if a.name == "FleetIncident"
+        ]
+        assert [i for i in incidents if i[1] == "resolved"] == [("unknown", "resolved", "1")]
+        assert [i for i in incidents if i[0] == "capacity"][-1] == ("capacity", "firing", "6")
+        firing = {a.labels.get("cause") for a in r.det.ledger.firing.values()}
+        assert firing == {"capacity", "stranded_tool"}
+
+
+async def test_a_chat_admitted_after_all_goes_back_to_unknown() -> None:
+    """A capacity cause learned by GET goes back to unknown (not a stale capacity) when a
+    later GET finds the chat no longer queued while its alert still fires."""
+    async with rig(Budgets(running=60), listing_threshold=5) as r:
+        r.ready()
+        now = r.clock.now()
+        for i in range(5):
+            r.see(f"c{i}", "running", now - 120, via="listing")
+        await r.settle()
+        confirmer = r.det.watched["a"].confirmer
+        assert isinstance(confirmer, FakeConfirmer)
+        r.server.chats["c0"] = replace(r.server.chats["c0"], queued_for_capacity=True)
+        await confirmer.reread("c0")
+        assert r.sink.alerts[-1].labels["cause"] == "capacity"
+        r.server.chats["c0"] = replace(r.server.chats["c0"], queued_for_capacity=False)
+        await confirmer.reread("c0")
+        last = r.sink.alerts[-1]
+        assert (last.labels["chat_id"], last.labels["cause"]) == ("c0", "unknown")
+        assert "queued_for_capacity" not in last.annotations

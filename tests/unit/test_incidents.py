@@ -225,3 +225,21 @@ def test_min_chats_must_be_at_least_two() -> None:
         IncidentsConfig(min_chats=1)
     with pytest.raises(ValidationError):
         IncidentsConfig.model_validate({"enabled": True, "threshold": 3})
+
+
+def test_a_member_whose_cause_moves_leaves_its_old_incident_as_it_joins_the_new() -> None:
+    """A member re-said with another cause counts once: it leaves the old incident (which
+    resolves when it was the last) and joins the new, under the same member fingerprint."""
+    sink, wall = ListSink(), Wall(2000.0)
+    led = ledger(sink, wall)
+    fire(led, *(chat_alert(i, cause="unknown") for i in range(5)))
+    unknown_fp = fingerprint(DEPLOYMENT, "unknown", "FleetIncident")
+    assert unknown_fp in led.firing
+    for i in range(5):
+        moved = chat_alert(i, cause="capacity")
+        led._resay(moved, "a", moved.labels["chat_id"])
+    led.settle_incidents()
+    assert unknown_fp not in led.firing
+    incident = led.firing[INCIDENT_FP]
+    assert incident.annotations["count"] == "5"
+    assert [len(i.members) for i in led.incidents.firing()] == [5]

@@ -30,6 +30,7 @@ from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
 from watchd.store.records import Change
 from watchd.telemetry.events import Event, EventSource, RecordingSink
+from watchd.watching.reconciling import CAPACITY_READ_RATE, CAPACITY_READS_MAX
 from watchd.watching.settings import WatchSettings
 from watchd.watching.watcher import IdentityWatcher
 
@@ -258,6 +259,41 @@ async def test_capacity_change_is_read_to_learn_the_flag(
             sim.state.set_status(first.id, "waiting")
             await eventually(lambda: flag() is False)
             assert r.store.get("alice", queued.id).updated_at == stamp  # type: ignore[union-attr]
+        finally:
+            reconcile.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reconcile
+
+
+@pytest.mark.looptime
+async def test_capacity_reads_learn_two_hundred_flags_paced_within_the_documented_time(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """200 running chats queued before watchd watched (so no capacity_change reached it):
+    asked for their flags, the reconciler reads each by GET at CAPACITY_READ_RATE, every
+    flag learned within 200/rate seconds (+1), never faster than the pace; past
+    CAPACITY_READS_MAX waiting, the rest are counted as dropped."""
+    alice = sim.state.add_user("alice")
+    sim.state.faults.capacity_roots = 0
+    chats = [sim.state.add_chat(alice, status="running") for _ in range(200)]
+    sim.state.tick()
+    assert all(c.queued_for_capacity for c in chats)
+    async with watching(sim, alice, session) as r:
+        await eventually(lambda: r.health.ready)
+        assert all(r.store.get("alice", c.id).queued_for_capacity is None for c in chats)  # type: ignore[union-attr]
+        reconcile = asyncio.create_task(r.watcher.reconcile_forever())
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            r.watcher.rereads.learn_capacity([c.id for c in chats])
+            await eventually(
+                lambda: all(r.store.get("alice", c.id).queued_for_capacity for c in chats),  # type: ignore[union-attr]
+                within=60,
+            )
+            took = loop.time() - started
+            assert (200 - 1) / CAPACITY_READ_RATE <= took <= 200 / CAPACITY_READ_RATE + 1
+            r.watcher.rereads.learn_capacity([f"x{i}" for i in range(CAPACITY_READS_MAX + 7)])
+            assert r.health.capacity_reads_dropped == 7
         finally:
             reconcile.cancel()
             with contextlib.suppress(asyncio.CancelledError):

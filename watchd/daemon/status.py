@@ -102,6 +102,7 @@ def _identity(
         "incomplete_listings": h.incomplete_listings,
         "absent": h.absent,
         "absent_confirms": h.absent_confirms,
+        "capacity_reads_dropped": h.capacity_reads_dropped,
         "refused": h.refused,
         "chats": sum(by_status.values()),
         "chats_by_status": dict(sorted(by_status.items())),

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from watchd.alerting.model import Alert
 from watchd.config.fields import duration_text
 from watchd.detection.budgets import ChatVerdict
-from watchd.detection.causes import cause
+from watchd.detection.causes import ABOVE_CAPACITY, cause
 from watchd.detection.diagnosis import (
     INVALID_HINT,
     Facts,
@@ -314,6 +314,32 @@ def said_invalid(alert: Alert, message: str) -> Alert:
     annotations["execution_state"] = f"invalid: {message}"
     annotations["hint"] = INVALID_HINT
     return dataclasses.replace(alert, annotations=annotations)
+
+
+def recaused(alert: Alert, rec: ChatRecord) -> Alert:
+    """A firing chat alert as it stands once its chat's capacity flag is known (read by
+    GET after a listing confirmed the burst it came due in): queued, its cause becomes
+    ``capacity`` with the capacity hint; admitted after all, a ``capacity`` cause goes
+    back to ``unknown`` (what a listing's evidence shows). Unchanged otherwise (the
+    same object). The fingerprint never moves (fleet.md §1)."""
+    old = alert.labels.get("cause")
+    if old is None or old in ABOVE_CAPACITY or "execution_state" in alert.annotations:
+        return alert
+    if rec.queued_for_capacity and old != "capacity":
+        new = "capacity"
+    elif not rec.queued_for_capacity and old == "capacity":
+        new = "unknown"
+    else:
+        return alert
+    labels = dict(alert.labels)
+    labels["cause"] = new
+    annotations = dict(alert.annotations)
+    annotations["hint"] = hint(Facts(record=rec))
+    if rec.queued_for_capacity:
+        annotations["queued_for_capacity"] = "true"
+    else:
+        annotations.pop("queued_for_capacity", None)
+    return dataclasses.replace(alert, labels=labels, annotations=annotations)
 
 
 def unconfirmed_alert(alert: Alert, error: str) -> Alert:

@@ -27,6 +27,10 @@ Cause = Literal[
 # In the order of precedence: the first that matches a chat is its cause.
 CAUSES: tuple[Cause, ...] = get_args(Cause)
 
+# The causes a chat's record alone decides ahead of ``capacity``: a capacity flag learned
+# after an alert fired (a listing never carries it) does not move them.
+ABOVE_CAPACITY: frozenset[Cause] = frozenset({"stranded_tool", "provider", "usage_limit"})
+
 # last_error kinds that come from the model provider's side (chaterror.Classify; the
 # older startup_timeout too). usage_limit is its own cause; hook_* and generic are not
 # the provider's doing as far as coderd can tell, so they fall through.

@@ -28,6 +28,7 @@ from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.detection.alerts import Draft, Renderer, unconfirmed_alert
 from watchd.detection.budgets import Clock, Overdue, past_budget
+from watchd.detection.causes import ABOVE_CAPACITY
 from watchd.detection.diagnosis import Facts, to_read
 from watchd.detection.drafting import Drafted, Drafting, LatePages
 from watchd.detection.ledger import ClockKey, Ledger
@@ -354,6 +355,23 @@ class Confirming:
             )
         return facts
 
+    @staticmethod
+    def _learn_capacity(w: Watched, due: list[_Due], fired: list[Alert]) -> None:
+        """A listing never carries ``queued_for_capacity`` (only a GET does): the running
+        chats whose alerts it fired are read once more, paced, so the likeliest cause of
+        a burst (the deployment's concurrency cap) is learned; the cause follows
+        (:meth:`Ledger.recause`)."""
+        unread = {rec.chat_id for rec, *_ in due if rec.queued_for_capacity is None}
+        ask = [
+            a.labels["chat_id"]
+            for a in fired
+            if a.labels.get("status") == "running"
+            and a.labels.get("cause") not in ABOVE_CAPACITY
+            and a.labels.get("chat_id") in unread
+        ]
+        if ask:
+            w.confirmer.learn_capacity(ask)
+
     async def _verdicts(
         self,
         w: Watched,
@@ -426,6 +444,7 @@ class Confirming:
         # A burst allocates tens of thousands of acyclic objects in one synchronous pass.
         with collector_paused(burst > 1):
             self.ledger.fire_all(rendered(), quiet=burst > 1)
+        self._learn_capacity(w, due, fired)
         if burst > 1 and fired:
             names = Counter(a.name for a in fired)
             log.warning(

@@ -232,16 +232,7 @@ class Detector:
             if kind == "transition" and invalid:
                 invalid.pop(rec.key, None)
             if prev is not None and by_chat and (identity, rec.chat_id) in by_chat:
-                if kind == "transition":
-                    why = (
-                        f"left {prev.status} for {rec.status}"
-                        if prev.status != rec.status
-                        else f"re-entered {rec.status} (a round trip the stream did not send)"
-                    )
-                    self.ledger.resolve_chat(prev, why=why)
-                elif kind == "refresh" and prev.updated_at != rec.updated_at:
-                    # Progress on the server: the stalled clock restarts.
-                    self.ledger.resolve_chat(prev, why="progress", names=("ChatStalled",))
+                self._firing_moved(prev, rec, kind)
             status = rec.status
             if status not in KNOWN_STATUSES and status not in unknown:
                 unknown.add(status)
@@ -270,6 +261,23 @@ class Detector:
             if nxt is not None and nxt < self._next_wake:
                 # Only a deadline earlier than the loop's planned wake-up needs a wake-up.
                 self._wake.set()
+
+    def _firing_moved(self, prev: ChatRecord, rec: ChatRecord, kind: str) -> None:
+        """A chat whose alerts fire changed: a transition resolves them, progress resolves
+        its ChatStalled, a capacity flag read after they fired moves their cause."""
+        if kind == "transition":
+            why = (
+                f"left {prev.status} for {rec.status}"
+                if prev.status != rec.status
+                else f"re-entered {rec.status} (a round trip the stream did not send)"
+            )
+            self.ledger.resolve_chat(prev, why=why)
+        elif kind == "refresh":
+            if prev.updated_at != rec.updated_at:
+                # Progress on the server: the stalled clock restarts.
+                self.ledger.resolve_chat(prev, why="progress", names=("ChatStalled",))
+            if prev.queued_for_capacity is not rec.queued_for_capacity:
+                self.ledger.recause(rec)
 
     def _gone(self, identity: str, change: Change) -> None:
         """A tombstone: the chat's row goes, its alerts resolve."""

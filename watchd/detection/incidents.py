@@ -104,13 +104,20 @@ class Incidents:
         self.enabled = enabled
         self.min_chats = min_chats
         self.by_key: dict[Key, Incident] = {}
+        # Member fingerprint -> the incident it counts in: a member whose cause moved (its
+        # capacity flag learned after it fired) leaves the old incident as it joins the new.
+        self._key_of: dict[str, Key] = {}
         self._dirty: set[Key] = set()
 
     def join(self, alert: Alert) -> None:
-        """A chat alert fired (or was re-said)."""
+        """A chat alert fired (or was re-said, perhaps with another cause)."""
         key = _key(alert)
         if key is None or not self.enabled:
             return
+        was = self._key_of.get(alert.fingerprint)
+        if was is not None and was != key:
+            self.leave(alert)
+        self._key_of[alert.fingerprint] = key
         inc = self.by_key.get(key)
         if inc is None:
             inc = self.by_key[key] = Incident(*key)
@@ -123,7 +130,7 @@ class Incidents:
 
     def leave(self, alert: Alert) -> None:
         """A chat alert resolved (or was handed over to another replica)."""
-        key = _key(alert)
+        key = self._key_of.pop(alert.fingerprint, None)
         inc = self.by_key.get(key) if key is not None else None
         if inc is None or key is None:
             return
@@ -138,6 +145,7 @@ class Incidents:
         members changed meanwhile; one whose members are all gone resolves at the next
         settle; members enough for a new one fire it."""
         self.by_key.clear()
+        self._key_of.clear()
         self._dirty.clear()
         if not self.enabled:
             return
@@ -167,6 +175,7 @@ class Incidents:
         if enabled:
             self.restore(firing)
             return
+        self._key_of.clear()
         for key, inc in self.by_key.items():
             inc.members.clear()
             self._dirty.add(key)

@@ -23,7 +23,7 @@ from typing import Any, get_args
 import orjson
 
 from watchd.alerting.model import Alert, AlertSink, resolution
-from watchd.detection.alerts import said_invalid
+from watchd.detection.alerts import recaused, said_invalid
 from watchd.detection.budgets import ChatVerdict
 from watchd.detection.incidents import Incidents
 from watchd.detection.timers import TimerHeap
@@ -261,21 +261,29 @@ class Ledger:
             alert = self.firing.get(fp)
             if alert is None or alert.name == "ChatStalled":
                 continue
-            updated = said_invalid(alert, message)
-            self.firing[fp] = updated
-            if self.stored is not None:
-                self.stored.save(
-                    StoredAlert(
-                        fp,
-                        identity,
-                        chat_id,
-                        updated.labels,
-                        updated.annotations,
-                        updated.starts_at,
-                        None,
-                    )
-                )
-            self.sink.put(updated)
+            self._resay(said_invalid(alert, message), identity, chat_id)
+        self.settle_incidents()
+
+    def recause(self, rec: ChatRecord) -> None:
+        """The chat's capacity flag moved while its alerts fire: their ``cause`` and hint
+        follow it, and so does their incident membership (re-said in place: the group's
+        next notification carries it, no new page)."""
+        for fp in list(self.by_chat.get(rec.key, ())):
+            alert = self.firing.get(fp)
+            if alert is None:
+                continue
+            updated = recaused(alert, rec)
+            if updated is not alert:
+                self._resay(updated, rec.identity, rec.chat_id)
+        self.settle_incidents()
+
+    def _resay(self, alert: Alert, identity: str, chat_id: str | None) -> None:
+        """A firing alert's labels or annotations changed (never its fingerprint): kept,
+        persisted and sent again."""
+        self.firing[alert.fingerprint] = alert
+        self._save(alert, identity, chat_id)
+        self.sink.put(alert)
+        self.incidents.join(alert)
 
     # -- resolving ----------------------------------------------------------------
 

@@ -10,7 +10,7 @@ needs back from the detector.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -36,6 +36,10 @@ class Confirmer(Protocol):
         each page."""
 
     async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Reading: ...
+
+    def learn_capacity(self, chat_ids: Sequence[str]) -> None:
+        """Read these chats by GET, paced, for their ``queued_for_capacity`` (a listing
+        never carries it); what is learned comes back as store changes."""
 
 
 class Arming(Protocol):

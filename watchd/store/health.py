@@ -69,6 +69,7 @@ class HealthSnapshot:
     incomplete_listings: int
     absent: int
     absent_confirms: int
+    capacity_reads_dropped: int
     refused: bool
     last_error: str
     reconnects: int
@@ -101,6 +102,9 @@ class IdentityHealth:
     # Chats missing from recent complete listings, not yet confirmed gone.
     absent: int = 0
     absent_confirms: int = 0
+    # Capacity reads not queued (CAPACITY_READS_MAX were waiting): those chats keep the
+    # cause a listing's evidence gave them.
+    capacity_reads_dropped: int = 0
     # Confirmation re-reads (GETs, listings) that failed in a row: past a few, the identity
     # is unhealthy even while its stream and listings work (no verdict can be trusted).
     confirm_failures: int = 0
@@ -152,6 +156,7 @@ class IdentityHealth:
             incomplete_listings=self.incomplete_listings,
             absent=self.absent,
             absent_confirms=self.absent_confirms,
+            capacity_reads_dropped=self.capacity_reads_dropped,
             refused=self.refused,
             last_error=self.last_error,
             reconnects=self.reconnects,

@@ -44,9 +44,14 @@ log = logs.get("watchd.watching")
 # while a listing pages, so those are always confirmed by GET.
 ABSENT_GET_LIMIT = 20
 ABSENT_GETS_PER_PASS = 100
-# capacity_change events waiting for their GET, at most: a burst of queueing beyond it
-# is learned by the confirmation GET before anything fires.
-CAPACITY_READS_MAX = 100
+# Capacity reads (a ``capacity_change`` event, or a running chat whose alert fired on a
+# listing's evidence) waiting for their GET, at most; beyond it a chat's cause stays as
+# diagnosed (counted in ``capacity_reads_dropped``).
+CAPACITY_READS_MAX = 1_000
+# Capacity GETs per second per identity. coderd's rate limit keys each chat's path
+# separately (httpmw.RateLimit, KeyByEndpoint), so no bucket sees more than one of them;
+# this pace only spares the server: 200 chats learn their cause in 20 s.
+CAPACITY_READ_RATE = 10.0
 
 
 class ChangeSink(Protocol):
@@ -105,9 +110,10 @@ class Reconciler:
         self._absent_wake.set()
 
     def capacity_changed(self, chat_ids: Iterable[str]) -> None:
-        """Chats a ``capacity_change`` event named: its payload is a list row (no
-        ``queued_for_capacity``, ``updated_at`` unchanged), so each is read by GET to learn
-        the flag, once however many events name it, and at most CAPACITY_READS_MAX."""
+        """Chats whose ``queued_for_capacity`` is to be learned: a ``capacity_change``
+        event named them (its payload is a list row: no flag, ``updated_at`` unchanged),
+        or their alerts fired on a listing's evidence. Each is read by GET, once however
+        many ask, at most CAPACITY_READS_MAX waiting, at CAPACITY_READ_RATE."""
         queue = self.to_confirm
         waiting = sum(1 for why in queue.values() if why == "capacity")
         dropped = 0
@@ -120,6 +126,7 @@ class Reconciler:
             queue[chat_id] = "capacity"
             waiting += 1
         if dropped:
+            self.health.capacity_reads_dropped += dropped
             log.info("capacity.reads_dropped", identity=self.name, chats=dropped)
         self._absent_wake.set()
 
@@ -286,6 +293,7 @@ class Reconciler:
         ``archived`` → archived, otherwise the chat is there (the cursor skipped it) and
         keeps its clock. A failed read leaves it absent for the next listing to judge."""
         batch = list(self.to_confirm)[:ABSENT_GETS_PER_PASS]
+        paces = {"capacity": 1.0 / CAPACITY_READ_RATE}
         interval = 1.0 / self.absent_confirm_rate
         clock = self.health.server_clock
         absent = self.store.absent(self.name)
@@ -318,5 +326,5 @@ class Reconciler:
                     log.debug("absent.still_there", identity=self.name, chat_id=chat_id)
             if change is not None:
                 self.changes.apply(self.name, (change,))
-            await asyncio.sleep(interval)
+            await asyncio.sleep(paces.get(why, interval))
         self.health.absent = len(self.store.absent(self.name))

@@ -11,7 +11,7 @@ identity's health (``last_error``), and raised for detection to retry later.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Literal
 
@@ -89,6 +89,10 @@ class Rereads:
     async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Readings:
         """The reads that explain a stuck chat (its workspace's build, the quota)."""
         return await self.diagnosing.read(record, lookup=lookup)
+
+    def learn_capacity(self, chat_ids: Sequence[str]) -> None:
+        """Queue these chats' GETs for their capacity flag (paced by the reconciler)."""
+        self.reconciler.capacity_changed(chat_ids)
 
     def _timed(self, started: float) -> None:
         h = self.health
