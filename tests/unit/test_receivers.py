@@ -7,17 +7,19 @@ import hmac
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
 from tests.fakes.receivers import SLACK_PATH, FakePagerDuty, FakeSlack, FakeWebhook
-from watchd.alerting.model import Alert
+from watchd.alerting.model import Alert, fingerprint, resolution
 from watchd.alerting.receivers.base import Notification, NotifyError
 from watchd.alerting.receivers.pagerduty import PagerDutyNotifier, dedup_key
 from watchd.alerting.receivers.simple import AlertmanagerNotifier, WebhookNotifier
 from watchd.alerting.receivers.slack import SlackNotifier
+from watchd.detection.incidents import Incidents
 
 KEY = "R0UT1NGKEY0123456789abcdefABCDEF"
 HOSTILE = "Deploy <!channel> & <script>alert(1)</script> <@U123> <#C1|x>"
@@ -387,3 +389,99 @@ def test_webhook_json_is_the_v4_body_of_each_alert() -> None:
 
 def orjson_loads(raw: bytes) -> object:
     return json.loads(raw)
+
+
+def incident_alert(members: int = 212, *, cause: str = "capacity", resolved: bool = False) -> Alert:
+    """A FleetIncident as the ledger renders it over ``members`` chat alerts."""
+    inc = Incidents(min_chats=5)
+    for i in range(members):
+        a = chat_alert(i)
+        inc.join(replace(a, labels={**a.labels, "cause": cause}))
+    fired, _ = inc.settle()
+    alert = fired[0]
+    return resolution(alert, at=alert.starts_at + 600, why="test") if resolved else alert
+
+
+def incident_note(*alerts: Alert) -> Notification:
+    return Notification(
+        receiver="r",
+        group_key="root:{alertname='FleetIncident'}",
+        group_labels={"alertname": "FleetIncident"},
+        alerts=alerts,
+        external_url="http://watchd.local:9310/status",
+    )
+
+
+async def test_slack_shows_an_incidents_cause_count_fix_and_first_members_linked(
+    slack: FakeSlack, session: aiohttp.ClientSession
+) -> None:
+    """A 212-chat FleetIncident is one section: the cause, the count, the identities, the
+    fix, the first max_chats members each linked to its chat, and "+202 more"."""
+    n = SlackNotifier("chat", webhook_url=slack.webhook_url, session=session, timeout=5)
+    await n.notify(incident_note(incident_alert()))
+    assert slack.rejected == []
+    msg = slack.received[0]
+    sections = [b["text"]["text"] for b in msg["blocks"] if b["type"] == "section"]
+    assert len(sections) == 1
+    text = sections[0]
+    assert "212 chats stuck: deployment concurrency cap reached" in text
+    assert "cause `capacity` · 212 chats · identities team-a" in text
+    assert "*Fix:* _the deployment runs as many chats as it may at once" in text
+    assert "<https://coder.example.com/agents/0|chat-0>" in text
+    assert "<https://coder.example.com/agents/9|chat-9>" in text
+    assert "chat-10" not in text and text.endswith("(+202 more)")
+    assert msg["text"].startswith("[FIRING:1] FleetIncident: 212 chats stuck")
+
+
+async def test_slack_incident_members_stay_within_the_section_limit(
+    slack: FakeSlack, session: aiohttp.ClientSession
+) -> None:
+    """With max_chats 50 and long links, the members listed stop before Slack's 3000
+    characters, and the rest are counted, never cut mid-link."""
+    a = incident_alert(60)
+    long_links = " ".join(f"https://coder.example.com/{'x' * 180}/{i}" for i in range(20))
+    a = replace(a, annotations={**a.annotations, "links": long_links})
+    n = SlackNotifier(
+        "chat", webhook_url=slack.webhook_url, session=session, timeout=5, max_chats=50
+    )
+    await n.notify(incident_note(a))
+    assert slack.rejected == []
+    text = next(b["text"]["text"] for b in slack.received[0]["blocks"] if b["type"] == "section")
+    assert len(text) <= 3000 and not text.endswith("…")
+    listed = text.count("<https://coder.example.com/")
+    assert 0 < listed < 20 and text.endswith(f"(+{60 - listed} more)")
+
+
+async def test_pagerduty_gets_one_incident_per_fleet_incident_keyed_by_its_fingerprint(
+    pd: FakePagerDuty, session: aiohttp.ClientSession
+) -> None:
+    """Two FleetIncidents and a chat alert in one group are three PagerDuty incidents: each
+    FleetIncident's dedup_key is its fingerprint (trigger, re-send and resolve alike),
+    custom_details carry the count, identities and member ids; the chat alert keeps the
+    group's key."""
+    cap, quota = incident_alert(), incident_alert(50, cause="quota")
+    assert cap.fingerprint == fingerprint("https://coder.example.com", "capacity", "FleetIncident")
+    n = PagerDutyNotifier("pager", routing_key=KEY, url=pd.events_url, session=session, timeout=5)
+    await n.notify(incident_note(cap, quota, chat_alert(1)))
+    await n.notify(incident_note(cap, quota, chat_alert(1)))  # a re-send after a crash
+    await n.notify(incident_note(incident_alert(resolved=True), quota, chat_alert(1)))
+    assert pd.rejected == []
+    keys = [ev["dedup_key"] for ev in pd.received]
+    group = dedup_key("root:{alertname='FleetIncident'}")
+    assert keys == [cap.fingerprint, quota.fingerprint, group] * 3
+    assert pd.pages == 3 and pd.resolves == 1
+    assert pd.received[6] == {
+        "routing_key": KEY,
+        "event_action": "resolve",
+        "dedup_key": cap.fingerprint,
+    }
+    details = pd.received[0]["payload"]["custom_details"]
+    assert details["count"] == 212 and details["identities"] == ["team-a"]
+    assert details["cause"] == "capacity" and len(details["chats"]) == 20
+    assert details["fix"].startswith("the deployment runs as many chats")
+    assert pd.received[0]["payload"]["summary"].startswith("212 chats stuck")
+    assert pd.received[0]["links"][0] == {
+        "href": "https://coder.example.com/agents/0",
+        "text": "chat-0",
+    }
+    assert len(pd.received[0]["links"]) == 10

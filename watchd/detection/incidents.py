@@ -234,7 +234,7 @@ def render(inc: Incident) -> Alert:
     count = len(inc.members)
     what, fix = WORDS.get(inc.cause, WORDS["unknown"])
     severity = max(inc.severities, key=lambda s: SEVERITY_RANK.get(s, 1), default="warning")
-    chats = (a.labels.get("chat_id", "") for a in inc.members.values())
+    first = list(islice(inc.members.values(), MAX_CHATS))
     return Alert(
         fingerprint=incident_fingerprint(inc.deployment, inc.cause),
         labels={
@@ -247,7 +247,10 @@ def render(inc: Incident) -> Alert:
             "summary": f"{count} {'chat' if count == 1 else 'chats'} {what}",
             "count": str(count),
             "identities": ",".join(sorted(inc.identities)),
-            "chats": ",".join(islice(chats, MAX_CHATS)),
+            "chats": ",".join(a.labels.get("chat_id", "") for a in first),
+            # The same members' links to Coder, space-separated, in the same order ("-"
+            # for a member without one), so a receiver can link each member.
+            "links": " ".join(a.annotations.get("link") or "-" for a in first),
             "hint": fix,
             "since": iso(inc.since),
         },

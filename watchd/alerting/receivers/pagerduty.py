@@ -3,17 +3,22 @@
 ``dedup_key`` is a hash of the group key, stable across restarts and
 replicas, and the resolve uses the same routing key — so a re-sent trigger
 (after a crash between send and record) updates the same incident instead of
-paging twice. Summary ≤ 1024 characters, event ≤ 512 KB (custom_details are
-shrunk to fit). 202 is accepted; 400 is permanent; 429 and 5xx are retried.
+paging twice. A FleetIncident is its own PagerDuty incident, ``dedup_key`` its
+fingerprint (a function of deployment and cause alone), whatever group it is in, with
+the count, identities, member ids and fix in ``custom_details``. Summary ≤ 1024
+characters, event ≤ 512 KB (custom_details are shrunk to fit). 202 is accepted; 400 is
+permanent; 429 and 5xx are retried.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
 
+from watchd.alerting.model import Alert
 from watchd.alerting.receivers.base import (
     Notification,
     NotifyError,
@@ -28,10 +33,78 @@ SUMMARY_LIMIT = 1024
 EVENT_LIMIT = 512 * 1024
 SEVERITIES = ("critical", "error", "warning", "info")
 LINKS = 10
+INCIDENT = "FleetIncident"
 
 
 def dedup_key(group_key: str) -> str:
     return hashlib.sha256(group_key.encode()).hexdigest()
+
+
+def events(n: Notification, *, routing_key: str, default_severity: str) -> list[dict[str, Any]]:
+    """The events a notification sends: one per FleetIncident in it (its own PagerDuty
+    incident, ``dedup_key`` its fingerprint: the same on every replica and after a
+    restart), and one for the group's other alerts, if any."""
+    incidents = [a for a in n.alerts if a.name == INCIDENT]
+    out = [
+        incident_event(a, routing_key=routing_key, external_url=n.external_url) for a in incidents
+    ]
+    if len(incidents) < len(n.alerts):
+        rest = (
+            n
+            if not incidents
+            else replace(n, alerts=tuple(a for a in n.alerts if a.name != INCIDENT))
+        )
+        out.append(event(rest, routing_key=routing_key, default_severity=default_severity))
+    return out
+
+
+def incident_event(a: Alert, *, routing_key: str, external_url: str = "") -> dict[str, Any]:
+    """A FleetIncident as one PagerDuty incident: the cause, the count, the identities,
+    the member ids and the fix in ``custom_details``, the first members as links."""
+    key = a.fingerprint
+    if not a.firing:
+        return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": key}
+    ann, lab = a.annotations, a.labels
+    chats = [c for c in ann.get("chats", "").split(",") if c]
+    links = ann.get("links", "").split(" ")
+    details: dict[str, Any] = {
+        "cause": lab.get("cause", ""),
+        "count": int(ann["count"]) if ann.get("count", "").isdigit() else len(chats),
+        "identities": [i for i in ann.get("identities", "").split(",") if i],
+        "chats": chats,
+        "fix": ann.get("hint", ""),
+        "since": ann.get("since", ""),
+        "deployment": lab.get("deployment", ""),
+    }
+    body: dict[str, Any] = {
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": key,
+        "client": "watchd",
+        "payload": {
+            "summary": ann.get("summary", INCIDENT)[:SUMMARY_LIMIT],
+            "source": lab.get("deployment", "watchd") or "watchd",
+            "severity": lab.get("severity", "warning")
+            if lab.get("severity") in SEVERITIES
+            else "warning",
+            "timestamp": rfc3339(a.starts_at),
+            "component": lab.get("cause", "") or "watchd",
+            "group": lab.get("deployment", "") or INCIDENT,
+            "class": INCIDENT,
+            "custom_details": details,
+        },
+        "links": [
+            {"href": link, "text": chat[:100]}
+            for chat, link in zip(chats[:LINKS], links, strict=False)
+            if link and link != "-"
+        ],
+    }
+    if external_url:
+        body["client_url"] = external_url
+    while len(dumps(body)) > EVENT_LIMIT and details["chats"]:
+        details["chats"] = details["chats"][: len(details["chats"]) // 2]
+        details["chats_truncated"] = True
+    return body
 
 
 def event(n: Notification, *, routing_key: str, default_severity: str) -> dict[str, Any]:
@@ -123,7 +196,12 @@ class PagerDutyNotifier:
 
     async def notify(self, n: Notification) -> None:
         who = f"pagerduty receiver {self.name!r}"
-        body = event(n, routing_key=self._key, default_severity=self.severity)
+        # Each event is idempotent under its dedup_key: a retry after a partial send
+        # re-sends the ones that went through as updates, never as second pages.
+        for body in events(n, routing_key=self._key, default_severity=self.severity):
+            await self._send(body, who)
+
+    async def _send(self, body: dict[str, Any], who: str) -> None:
         answer = await post(
             self.session, self.url, body=dumps(body), headers={}, deadline=self.timeout, who=who
         )

@@ -1,5 +1,8 @@
 """Slack incoming webhooks: a Block Kit message per group, with a ``text`` fallback.
 
+A FleetIncident reads as one line: its cause, how many chats, the identities, since
+when, the fix, and its first ``max_chats`` members each linked to its chat.
+
 Untrusted strings (chat titles, errors, hints) escape ``&``, ``<`` and ``>``
 only — Slack's mrkdwn control characters — so ``<!channel>`` in a title can
 never ping a channel. Section text is cut below Slack's 3000-character limit
@@ -14,6 +17,7 @@ the text may carry the workspace and channel ids and part of the webhook's key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -71,16 +75,54 @@ def cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _line(a: Alert) -> str:
+def _members(ann: Mapping[str, str], *, shown: int, room: int) -> str:
+    """An incident's first ``shown`` members, each linked to its chat, within ``room``
+    characters, then how many more there are."""
+    ids = [c for c in ann.get("chats", "").split(",") if c]
+    links = ann.get("links", "").split(" ")
+    total = int(ann["count"]) if ann.get("count", "").isdigit() else len(ids)
+    parts: list[str] = []
+    used = 0
+    for i, chat in enumerate(ids[:shown]):
+        link = links[i] if i < len(links) else "-"
+        text = escape(cut(chat, 40))
+        part = f"<{link}|{text}>" if link != "-" and _linkable(link) else text
+        if used + len(part) + 2 > room - 20:
+            break
+        parts.append(part)
+        used += len(part) + 2
+    more = total - len(parts)
+    return ", ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _linkable(link: str) -> bool:
+    # A link's URL must not contain '|' or '>' (it would break out of the <url|text> form).
+    return not any(c in link for c in "|<> ")
+
+
+def _incident(a: Alert, *, shown: int) -> str:
+    """A FleetIncident: the cause, the count, the fix and the first members, linked."""
+    ann, lab = a.annotations, a.labels
+    title = escape(cut(ann.get("summary", "FleetIncident"), 150))
+    detail = (
+        f"cause `{escape(lab.get('cause', '?'))}` · {escape(ann.get('count', '?'))} chats"
+        f" · identities {escape(ann.get('identities', '') or '-')}"
+        f" · since {escape(ann.get('since', '?'))}"
+    )
+    if not a.firing:
+        return f"• *{title}* — resolved · {detail}"
+    head = f"• *{title}* — {detail}\n   *Fix:* _{escape(cut(ann.get('hint', ''), 600))}_"
+    members = _members(ann, shown=shown, room=SECTION_LIMIT - len(head) - 20)
+    return f"{head}\n   *Chats:* {members}" if members else head
+
+
+def _line(a: Alert, *, shown: int = 10) -> str:
+    if a.name == "FleetIncident":
+        return _incident(a, shown=shown)
     ann, lab = a.annotations, a.labels
     title = escape(ann.get("title") or ann.get("summary") or lab.get("alertname", "alert"))
     link = ann.get("link", "")
-    # A link's URL must not contain '|' or '>' (it would break out of the <url|text> form).
-    head = (
-        f"<{link}|{cut(title, 150)}>"
-        if link and not any(c in link for c in "|<> ")
-        else f"*{cut(title, 150)}*"
-    )
+    head = f"<{link}|{cut(title, 150)}>" if link and _linkable(link) else f"*{cut(title, 150)}*"
     if lab.get("chat_id"):
         detail = (
             f"{escape(lab.get('status', ''))} for {escape(ann.get('time_in_status', '?'))}"
@@ -122,7 +164,10 @@ def message(n: Notification, *, max_chats: int) -> dict[str, Any]:
             more += 1
             continue
         blocks.append(
-            {"type": "section", "text": {"type": "mrkdwn", "text": cut(_line(a), SECTION_LIMIT)}}
+            {
+                "type": "section",
+                "text": {"type": "mrkdwn", "text": cut(_line(a, shown=max_chats), SECTION_LIMIT)},
+            }
         )
     if more > 0:
         blocks.append(
@@ -135,8 +180,12 @@ def message(n: Notification, *, max_chats: int) -> dict[str, Any]:
                 "elements": [{"type": "mrkdwn", "text": f"<{n.external_url}|watchd status>"}],
             }
         )
-    noun = "chat" if len(firing or resolved) == 1 else "chats"
-    text = f"{head}: {len(firing or resolved)} {noun}"
+    shown_alerts = firing or resolved
+    if shown_alerts and all(a.name == "FleetIncident" for a in shown_alerts):
+        text = f"{head}: " + "; ".join(a.annotations.get("summary", "") for a in shown_alerts)
+    else:
+        noun = "chat" if len(shown_alerts) == 1 else "chats"
+        text = f"{head}: {len(shown_alerts)} {noun}"
     return {"text": cut(text, TEXT_LIMIT), "blocks": blocks[:MAX_BLOCKS]}
 
 
