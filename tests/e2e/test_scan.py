@@ -112,3 +112,39 @@ async def test_scan_into_a_closed_pipe_ends_without_a_traceback(
     )
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     assert done.returncode == 1
+
+
+async def test_scan_groups_what_is_stuck_by_cause(tmp_path: Path, start_sim: StartSim) -> None:
+    """Chats past budget are grouped by cause in the order of precedence (stranded_tool,
+    then capacity, then unknown), each cause once with its count and fix, in the text and
+    in --json (per identity and fleet-wide); the exit code is still 1."""
+    sim = start_sim()
+    d = DaemonProcess(
+        tmp_path,
+        sim,
+        identities=[("team-a", "alice")],
+        extra={"budgets": {"running": "5m", "requires_action": "5m"}},
+    )
+    await sim.admin("POST", "/faults", {"capacity_roots": 1})
+    plain = await sim.add_chat("alice", status="running", age=1800, title="holds the slot")
+    queued = [
+        await sim.add_chat("alice", status="running", age=900, title=f"queued {i}")
+        for i in range(3)
+    ]
+    await sim.add_chat("alice", status="requires_action", age=900, title="paused tool")
+    await asyncio.sleep(1.5)  # the simulator's tick applies the cap
+    out = await scan(d.config_path, "--json")
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    (result,) = doc["results"]
+    assert result["by_cause"] == {"stranded_tool": 1, "capacity": 3, "unknown": 1}
+    assert doc["causes"] == result["by_cause"]
+    order = [s["cause"] for s in result["stuck"]]
+    assert order == ["stranded_tool", "capacity", "capacity", "capacity", "unknown"]
+    assert {s["chat_id"] for s in result["stuck"] if s["cause"] == "capacity"} == set(queued)
+    assert [s["chat_id"] for s in result["stuck"] if s["cause"] == "unknown"] == [plain]
+    text = (await scan(d.config_path)).stdout
+    assert text.count("cause capacity (3): stuck: deployment concurrency cap reached") == 1
+    assert text.index("cause stranded_tool (1)") < text.index("cause capacity (3)")
+    assert text.index("cause capacity (3)") < text.index("cause unknown (1)")
+    assert text.count("fix: the deployment runs as many chats as it may at once") == 1

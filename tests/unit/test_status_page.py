@@ -167,3 +167,79 @@ async def test_inhibited_alerts_are_classified_and_counted(daemon: Daemon) -> No
     assert al["matching"] == N // 2
     assert {a["state"] for a in al["firing"]} == {"inhibited"}
     assert {a["labels"]["identity"] for a in al["firing"]} == {"team-a"}
+
+
+class _Sink:
+    def put(self, alert: Alert) -> None:
+        pass
+
+
+def _member(i: int, *, cause: str, identity: str) -> Alert:
+    chat = f"m-{cause}-{i:03d}"
+    return Alert(
+        fingerprint=f"{cause}{i}",
+        labels={
+            "alertname": "ChatStuck",
+            "identity": identity,
+            "deployment": DEPLOYMENT,
+            "status": "running",
+            "chat_id": chat,
+            "cause": cause,
+            "severity": "warning",
+        },
+        annotations={
+            "title": f"turn {i}",
+            "time_in_status": "40m",
+            "link": f"{DEPLOYMENT}/agents/{chat}",
+        },
+        starts_at=1_800_000_000.0 + i,
+    )
+
+
+async def test_incidents_lead_the_status_json_page_and_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Firing FleetIncidents are in /status JSON (deployment, cause, count, since, the
+    first 200 members), shown above the per-chat alerts in the HTML page, each
+    expandable into its members, and in watchd_fleet_incidents{deployment,cause}."""
+    monkeypatch.setenv("WATCHD_TEST_TOKEN", "token-value-0123456789")
+    config = parse_config(
+        {
+            "identities": [
+                {"name": n, "url": DEPLOYMENT, "token_env": "WATCHD_TEST_TOKEN"}
+                for n in ("team-a", "team-b")
+            ],
+            "state_dir": str(tmp_path),
+            "telemetry": {"exporter": "none"},
+        }
+    )
+    d = Daemon(config, resolve_secrets(config))
+    try:
+        members = [
+            _member(i, cause="capacity", identity="team-a" if i % 2 else "team-b")
+            for i in range(250)
+        ] + [_member(i, cause="quota", identity="team-a") for i in range(6)]
+        d.detector.ledger.sink = _Sink()  # no dispatcher: the daemon is not running
+        d.detector.ledger.fire_all(
+            ((a, a.labels["identity"], a.labels["chat_id"]) for a in members), quiet=True
+        )
+        doc = await status_document(d)
+        got = [(i["cause"], i["count"], i["members_shown"]) for i in doc["incidents"]]
+        assert got == [("capacity", 250, 200), ("quota", 6, 6)]
+        cap = doc["incidents"][0]
+        assert cap["deployment"] == DEPLOYMENT and cap["identities"] == ["team-a", "team-b"]
+        assert cap["since"] == "2027-01-15T08:00:04Z"  # the fifth member's budget crossing
+        assert cap["members"][0]["chat_id"] == "m-capacity-000"
+        assert cap["summary"] == "250 chats stuck: deployment concurrency cap reached"
+        page = status_html(doc)
+        assert page.index("id='incidents'") < page.index('id="alerts"')
+        assert page.count("<details class='incident'") == 2
+        assert "+50 more" in page
+        assert f"href='{DEPLOYMENT}/agents/m-quota-005'" in page
+        metrics = d.metrics.render().decode()
+        assert (
+            f'watchd_fleet_incidents{{cause="capacity",deployment="{DEPLOYMENT}"}} 250.0' in metrics
+        )
+        assert f'watchd_fleet_incidents{{cause="quota",deployment="{DEPLOYMENT}"}} 6.0' in metrics
+    finally:
+        d.db.close()

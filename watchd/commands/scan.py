@@ -1,6 +1,8 @@
 """``watchd scan``: one listing pass per identity, and what would alert.
 
-Read-only: nothing is sent to receivers and nothing is written. Without the
+Read-only: nothing is sent to receivers and nothing is written. Chats past budget
+are grouped by their ``cause`` (the label a chat alert would carry: fleet.md §1), each
+cause with its fix once, in the order of precedence. Without the
 daemon's history, every clock is a lower bound from ``updated_at`` (a scan
 can under-report how long a chat has been stuck, never over-report). Each
 identity's quota is read once and shown; one reading cannot fit a trend, so
@@ -13,6 +15,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,7 +23,7 @@ import aiohttp
 
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES
+from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, WorkspaceBuild
 from watchd.coder.transport import Transport
 from watchd.commands.configuring import load_config_or_report
 from watchd.config.fields import format_duration
@@ -28,11 +31,14 @@ from watchd.config.model import Config
 from watchd.config.secrets import ResolvedSecrets, resolve_secrets
 from watchd.config.watching import IdentityConfig, QuotaConfig
 from watchd.detection.budgets import past_budget
+from watchd.detection.causes import CAUSES, cause
 from watchd.detection.diagnosis import Facts, hint
+from watchd.detection.incidents import WORDS
 from watchd.kits.clock import ServerClock
 from watchd.kits.redaction import REGISTRY
 from watchd.remediation.policies import compile_policies, match_policy
 from watchd.store.chats import ChatStore
+from watchd.store.records import ChatRecord
 
 # Diagnosis costs up to three requests per chat; past this many stuck chats per
 # identity the scan reports them without a hint rather than hammer Coder.
@@ -52,6 +58,8 @@ class ScanResult:
     quota: dict[str, Any] | None = None
     stuck: list[dict[str, Any]] = field(default_factory=list)
     sweep: list[dict[str, Any]] = field(default_factory=list)
+    # cause -> chats past budget with it, in the order of precedence (CAUSES).
+    by_cause: dict[str, int] = field(default_factory=dict)
 
 
 async def read_quota(client: CoderClient, config: QuotaConfig) -> dict[str, Any] | None:
@@ -114,6 +122,7 @@ async def scan_identity(
     client = CoderClient(transport, attempts=3, deadline=30.0, page_size=ident.page_size)
     budgets = config.budgets_for(ident)
     store = ChatStore()
+    builds: dict[str, WorkspaceBuild] = {}  # one read per workspace, shared by its chats
     try:
         chats = await client.list_chats()
     except (CoderError, PayloadError) as exc:
@@ -141,24 +150,49 @@ async def scan_identity(
             "workspace_id": rec.workspace_id,
             "link": config.chat_link_template.format(deployment=ident.url, chat_id=rec.chat_id),
         }
+        facts = Facts(record=rec)
         if len(result.stuck) < DIAGNOSE_LIMIT:
             try:
-                chat = await client.get_chat(rec.chat_id)
-                store.observe(name, chat, now=clock.now(), via="confirm")
-                fresh = store.get(name, rec.chat_id) or rec
-                build = (
-                    await client.workspace(fresh.workspace_id)
-                    if fresh.workspace_id and fresh.status not in BLOCKED_STATUSES
-                    else None
-                )
-                entry["hint"] = hint(Facts(record=fresh, build=build))
-                entry["queued_for_capacity"] = bool(fresh.queued_for_capacity)
+                facts = await _diagnose(client, store, name, rec, clock=clock, builds=builds)
+                entry["hint"] = hint(facts)
+                entry["queued_for_capacity"] = bool(facts.record.queued_for_capacity)
             except (CoderError, PayloadError) as exc:
                 entry["hint"] = f"(diagnosis unavailable: {exc})"
+        else:
+            entry["diagnosed"] = False
+        entry["cause"] = cause(facts)
         result.stuck.append(entry)
-    result.stuck.sort(key=lambda e: -int(e["time_in_status_seconds"]))
+    rank = {c: i for i, c in enumerate(CAUSES)}
+    result.stuck.sort(
+        key=lambda e: (rank.get(e["cause"], len(rank)), -int(e["time_in_status_seconds"]))
+    )
+    counts = Counter(e["cause"] for e in result.stuck)
+    result.by_cause = {c: counts[c] for c in CAUSES if counts[c]}
     result.sweep = sweep_preview(config, ident, store, now=now)
     return result
+
+
+async def _diagnose(
+    client: CoderClient,
+    store: ChatStore,
+    name: str,
+    rec: ChatRecord,
+    *,
+    clock: ServerClock,
+    builds: dict[str, WorkspaceBuild],
+) -> Facts:
+    """A stuck chat's GET (for ``queued_for_capacity``) and its workspace's latest build
+    (read once per workspace)."""
+    chat = await client.get_chat(rec.chat_id)
+    store.observe(name, chat, now=clock.now(), via="confirm")
+    fresh = store.get(name, rec.chat_id) or rec
+    ws = fresh.workspace_id
+    build = None
+    if ws and fresh.status not in BLOCKED_STATUSES:
+        build = builds.get(ws)
+        if build is None:
+            build = builds[ws] = await client.workspace(ws)
+    return Facts(record=fresh, build=build)
 
 
 def sweep_preview(
@@ -217,13 +251,21 @@ def render(results: list[ScanResult]) -> str:
         )
         if r.quota is not None:
             lines.append(quota_line(r.quota))
+        group = None
         for s in r.stuck:
+            if s["cause"] != group:
+                group = s["cause"]
+                what, fix = WORDS.get(group, WORDS["unknown"])
+                lines.append(f"  cause {group} ({r.by_cause[group]}): {what}")
+                lines.append(f"    fix: {fix}")
             lines.append(
-                f"  {s['alertname']:<13} {s['status']:<16} {s['time_in_status']:>8} "
+                f"    {s['alertname']:<13} {s['status']:<16} {s['time_in_status']:>8} "
                 f"(budget {s['budget']})  {s['title'][:60]!r}  {s['chat_id']}"
             )
             if s.get("hint"):
-                lines.append(f"      hint: {s['hint']}")
+                lines.append(f"        hint: {s['hint']}")
+            elif s.get("diagnosed") is False:
+                lines.append(f"        (not diagnosed: only the first {DIAGNOSE_LIMIT} are)")
         for w in r.sweep:
             lines.append(
                 f"  sweep would {w['would']:<22} {w['status']:<12} "
@@ -242,7 +284,14 @@ def main(args: argparse.Namespace) -> int:
     results = asyncio.run(scan(config, secrets))
     # Last line of defence: whatever a server echoed (a token in an error) is scrubbed.
     if args.json:
-        print(REGISTRY.scrub(json.dumps({"results": [asdict(r) for r in results]}, indent=1)))
+        fleet: Counter[str] = Counter()
+        for r in results:
+            fleet.update(r.by_cause)
+        doc = {
+            "results": [asdict(r) for r in results],
+            "causes": {c: fleet[c] for c in CAUSES if fleet[c]},
+        }
+        print(REGISTRY.scrub(json.dumps(doc, indent=1)))
     else:
         print(REGISTRY.scrub(render(results)))
     return exit_code(results)

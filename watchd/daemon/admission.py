@@ -22,6 +22,7 @@ from typing import Any
 from watchd.alerting.model import Alert, fingerprint
 from watchd.config.fields import format_duration
 from watchd.daemon.view import DaemonView
+from watchd.detection.incidents import incident_fingerprint
 from watchd.kits.clock import loop_time
 from watchd.store.chats import ChatStore
 from watchd.watching.forecasting import forecast_fingerprint, rfc3339
@@ -32,16 +33,11 @@ BLOCKING_CAUSES = ("capacity", "quota")
 
 
 def fleet_incidents(firing: Mapping[str, Alert], deployment: str) -> list[str]:
-    """The capacity and quota FleetIncidents firing for ``deployment``.
-
-    FleetIncident (fleet.md §2) is not built yet, so this finds none today. It looks the
-    incident up by fingerprint (a function of deployment and cause alone, by the spec),
-    so it costs two dict lookups; when FleetIncident lands, its fingerprint function
-    belongs here in place of this one, and the reason starts to appear by itself.
-    """
+    """The capacity and quota FleetIncidents firing for ``deployment``: looked up by the
+    incident's fingerprint (a function of deployment and cause alone), two dict lookups."""
     found = []
     for cause in BLOCKING_CAUSES:
-        alert = firing.get(fingerprint(deployment, cause, "FleetIncident"))
+        alert = firing.get(incident_fingerprint(deployment, cause))
         if alert is not None and alert.name == "FleetIncident":
             found.append(cause)
     return found

@@ -68,6 +68,7 @@ class Live(Collector):
         yield from state_families(snap)
         yield from self._identities(snap)
         yield from self._activity(snap)
+        yield from self._incidents()
         yield from _quota(snap)
         yield from _forecast(snap)
         if snap.sweep is not None:
@@ -156,6 +157,20 @@ class Live(Collector):
             gauge("watchd_state_pending_writes", "Chat records not yet flushed to disk.", []),
             snap.state.pending,
         )
+
+    def _incidents(self) -> Iterator[Metric]:
+        """Member count of each firing FleetIncident (absent otherwise): deployments are
+        configured and causes a closed vocabulary, so the label space stays bounded."""
+        fleet = gauge(
+            "watchd_fleet_incidents",
+            "Member chat alerts of each firing FleetIncident.",
+            ["deployment", "cause"],
+        )
+        for inc in sorted(
+            self.d.detector.ledger.incidents.firing(), key=lambda i: (i.deployment, i.cause)
+        ):
+            fleet.add_metric([inc.deployment, inc.cause], len(inc.members))
+        yield fleet
 
     def _sharding(self) -> Iterator[Metric]:
         d = self.d

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from watchd.alerting.model import Alert, live
@@ -25,6 +26,7 @@ from watchd.daemon.admission import Counts, admission
 from watchd.daemon.heartbeat import HeartbeatSnapshot
 from watchd.daemon.snapshot import DispatchSnapshot
 from watchd.daemon.view import HISTORY_WINDOW, DaemonView, sharding_summary
+from watchd.detection.incidents import incident_fingerprint
 from watchd.store.health import HealthSnapshot, QuotaOutlook
 
 JSON_LIMIT = 500  # alerts per /status JSON page by default (counts always cover all)
@@ -33,6 +35,7 @@ HTML_PAGE = 200  # alert rows per HTML page: ~150 KB at most
 CHUNK = 1000  # alerts classified between yields to the event loop
 PAGE_CHUNK = 100  # alerts rendered into the page between yields
 RESOLVED_SHOWN = 50
+MEMBERS_SHOWN = 200  # member chats listed per incident (its count covers all)
 _STARTS = operator.attrgetter("starts_at")
 
 
@@ -121,6 +124,51 @@ def _identity(
         },
         "admission": admission(d, h.name, counts),
     }
+
+
+def incidents_json(d: DaemonView, now: float) -> list[dict[str, Any]]:
+    """The FleetIncidents firing now, largest first, each with its first MEMBERS_SHOWN
+    members (chat id, identity, status, time in status, link, fingerprint)."""
+    firing = d.detector.firing
+    muted_by = d.silencer.muted_by
+    out = []
+    for inc in sorted(
+        d.detector.ledger.incidents.firing(), key=lambda i: (-len(i.members), i.cause)
+    ):
+        assert inc.since is not None
+        alert = firing.get(incident_fingerprint(inc.deployment, inc.cause))
+        members = [
+            {
+                "chat_id": a.labels.get("chat_id", ""),
+                "identity": a.labels.get("identity", ""),
+                "alertname": a.name,
+                "status": a.labels.get("status", ""),
+                "title": a.annotations.get("title", ""),
+                "time_in_status": a.annotations.get("time_in_status", ""),
+                "link": a.annotations.get("link", ""),
+                "fingerprint": a.fingerprint,
+            }
+            for a in islice(inc.members.values(), MEMBERS_SHOWN)
+        ]
+        out.append(
+            {
+                "deployment": inc.deployment,
+                "cause": inc.cause,
+                "count": len(inc.members),
+                "since": iso(inc.since),
+                "firing_for": format_duration(max(0.0, now - inc.since)),
+                "identities": sorted(inc.identities),
+                "fingerprint": incident_fingerprint(inc.deployment, inc.cause),
+                "state": "silenced"
+                if alert is not None and muted_by(alert.labels, now)
+                else "active",
+                "summary": alert.annotations.get("summary", "") if alert else "",
+                "hint": alert.annotations.get("hint", "") if alert else "",
+                "members": members,
+                "members_shown": len(members),
+            }
+        )
+    return out
 
 
 def _alert_json(a: Alert, state: str, now: float) -> dict[str, Any]:
@@ -217,6 +265,7 @@ async def status_document(
         "ready": d.ready(),
         "identities": identities,
         "sharding": sharding_summary(d),
+        "incidents": incidents_json(d, now),
         "alerts": alerts,
         "silences": [s.to_json(now) for s in d.silencer.silences.values()],
         "receivers": {} if disp is None else _receivers(disp),

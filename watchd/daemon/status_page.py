@@ -36,6 +36,8 @@ h1 small { font-weight: normal; color: #777; font-size: 60%; }
 form.filters { margin: .5em 0 1em; } nav.pages a { margin-right: 1em; }
 svg.chart { background: #fafafa; border: 1px solid #ddd; }
 .legend span { margin-right: .6em; font-size: 85%; }
+details.incident { border: 1px solid #f0b429; background: #fffbeb; padding: 4px 8px;
+  margin-bottom: .6em; } details.incident p.fix { margin: .3em 0; }
 """
 
 # Status colours for the chart (unknown statuses grey).
@@ -107,6 +109,40 @@ _ALERT_HEAD = (
 )
 
 
+def _incident_block(inc: dict[str, Any]) -> str:
+    """One FleetIncident, expandable into its members."""
+    e = html.escape
+    badge = " <span class='badge silenced'>silenced</span>" if inc["state"] == "silenced" else ""
+    rows = "".join(
+        f"<tr><td>{_member_chat(m)}</td><td>{e(m['identity'])}</td><td>{e(m['alertname'])}"
+        f"</td><td>{e(m['status'])}</td><td>{e(m['time_in_status'])}</td></tr>"
+        for m in inc["members"]
+    )
+    more = inc["count"] - inc["members_shown"]
+    more_row = (
+        f"<tr><td colspan=5>+{more} more (the JSON lists the first ones)</td></tr>"
+        if more > 0
+        else ""
+    )
+    return (
+        f"<details class='incident' data-cause='{e(inc['cause'])}'><summary>"
+        f"<b>{e(inc['summary'] or inc['cause'])}</b>{badge} · cause <code>{e(inc['cause'])}</code>"
+        f" · {inc['count']} chats · {e(', '.join(inc['identities']))} · since "
+        f"<time datetime='{e(inc['since'])}'>{e(inc['since'])}</time> ({e(inc['firing_for'])})"
+        f"</summary><p class='fix'>Fix: {e(inc['hint'])}</p>"
+        f"<table class='members'><tr><th>chat</th><th>identity</th><th>alert</th>"
+        f"<th>status</th><th>time in status</th></tr>{rows}{more_row}</table></details>"
+    )
+
+
+def _member_chat(m: dict[str, Any]) -> str:
+    e = html.escape
+    text = e(m["title"] or m["chat_id"])
+    if m["link"].startswith(("http://", "https://")):
+        return f"<a class='chat' href='{e(m['link'])}'>{text}</a>"
+    return text
+
+
 def status_html(doc: dict[str, Any]) -> str:
     e = html.escape
     now = float(doc["generated_at"])
@@ -127,6 +163,14 @@ def status_html(doc: dict[str, Any]) -> str:
     resolved = _resolved_rows(al)
     silences = _silence_rows(doc)
     reload_note = _reload_note(doc)
+    fleet = doc.get("incidents") or []
+    incidents = (
+        f"<h2>Fleet incidents ({len(fleet)})</h2><div id='incidents'>"
+        + "".join(_incident_block(i) for i in fleet)
+        + "</div>\n"
+        if fleet
+        else ""
+    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>watchd status</title>
 <meta http-equiv="refresh" content="30">
@@ -134,7 +178,7 @@ def status_html(doc: dict[str, Any]) -> str:
 <h1>watchd <small>v{e(doc["version"])} · up {e(format_duration(doc["uptime_seconds"]))}
  · {"ready" if doc["ready"] else "not ready"} · as of {iso(now)}</small></h1>
 {_shard_note(doc["sharding"])}{reload_note}
-<h2>Firing alerts ({counts["active"]} active, {counts["silenced"]} silenced,
+{incidents}<h2>Firing alerts ({counts["active"]} active, {counts["silenced"]} silenced,
  {counts["inhibited"]} inhibited)</h2>
 {filters}{nav}
 <table id="alerts">{_ALERT_HEAD}{"".join(_alert_row(a) for a in active) or no_alerts}</table>
