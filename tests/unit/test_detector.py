@@ -66,9 +66,10 @@ class FakeConfirmer:
         self.builds: dict[str, WorkspaceBuild] = {}
         self.capacity_asked: list[str] = []
 
-    def learn_capacity(self, chat_ids: Sequence[str]) -> None:
+    def learn_capacity(self, chat_ids: Sequence[str]) -> AbstractSet[str]:
         """As Rereads: queued for the reconciler's paced GETs (a test performs them)."""
         self.capacity_asked.extend(chat_ids)
+        return set(chat_ids)
 
     async def reread(self, chat_id: str) -> Literal["read", "gone"]:
         """As the watcher's Rereads answers: into the store, the changes to the sink."""
@@ -1231,12 +1232,11 @@ def test_the_daemon_reads_one_step_free_clock_everywhere(
         d.state_lock.release()
 
 
-async def test_a_burst_confirmed_by_a_listing_learns_its_capacity_flags_and_the_cause_follows() -> (
-    None
-):
+async def test_a_listing_confirmed_burst_learns_capacity_flags_and_the_cause_follows() -> None:
     """Running chats a listing confirmed (list rows never carry queued_for_capacity) are
-    asked a GET each; one found queued is re-said with cause capacity and the capacity
-    hint under its own fingerprint, and the FleetIncident moves from unknown to capacity."""
+    asked a GET each and fire with their cause pending, in no FleetIncident (no "unknown"
+    incident forms meanwhile); one found queued is re-said with cause capacity and the
+    capacity hint under its own fingerprint, and the capacity FleetIncident forms."""
     async with rig(
         Budgets(running=60, requires_action=60), listing_threshold=5, incidents=True
     ) as r:
@@ -1248,8 +1248,8 @@ async def test_a_burst_confirmed_by_a_listing_learns_its_capacity_flags_and_the_
         await r.settle()
         first = {a.labels["chat_id"]: a for a in r.sink.alerts if a.name == "ChatStuck"}
         assert len(first) == 6 and {a.labels["cause"] for a in first.values()} == {"unknown"}
-        unknown = [a for a in r.sink.alerts if a.name == "FleetIncident"]
-        assert [(a.labels["cause"], a.status) for a in unknown] == [("unknown", "firing")]
+        assert all("cause_pending" in a.annotations for a in first.values())
+        assert [a for a in r.sink.alerts if a.name == "FleetIncident"] == []
         confirmer = r.det.watched["a"].confirmer
         assert isinstance(confirmer, FakeConfirmer)
         assert sorted(confirmer.capacity_asked) == [f"c{i}" for i in range(6)]  # not s1
@@ -1263,15 +1263,37 @@ async def test_a_burst_confirmed_by_a_listing_learns_its_capacity_flags_and_the_
             assert a.status == "firing" and a.fingerprint == first[cid].fingerprint
             assert a.labels["cause"] == "capacity" and a.annotations["queued_for_capacity"]
             assert a.annotations["hint"].startswith("deployment concurrency cap reached")
+            assert "cause_pending" not in a.annotations
         incidents = [
             (a.labels["cause"], a.status, a.annotations.get("count"))
             for a in r.sink.alerts
             if a.name == "FleetIncident"
         ]
-        assert [i for i in incidents if i[1] == "resolved"] == [("unknown", "resolved", "1")]
-        assert [i for i in incidents if i[0] == "capacity"][-1] == ("capacity", "firing", "6")
-        firing = {a.labels.get("cause") for a in r.det.ledger.firing.values()}
-        assert firing == {"capacity", "stranded_tool"}
+        assert incidents[0] == ("capacity", "firing", "5")
+        assert incidents[-1] == ("capacity", "firing", "6")
+        assert all(i[:2] == ("capacity", "firing") for i in incidents)
+
+
+async def test_a_read_that_finds_the_chat_not_queued_ends_the_pending_cause() -> None:
+    """A pending cause whose GET finds the chat not queued keeps its cause (unknown) and
+    joins the incident of that cause: five such chats form the unknown FleetIncident."""
+    async with rig(Budgets(running=60), listing_threshold=5, incidents=True) as r:
+        r.ready()
+        now = r.clock.now()
+        for i in range(5):
+            r.see(f"c{i}", "running", now - 120, via="listing")
+        await r.settle()
+        confirmer = r.det.watched["a"].confirmer
+        assert isinstance(confirmer, FakeConfirmer)
+        assert [a for a in r.sink.alerts if a.name == "FleetIncident"] == []
+        for cid in confirmer.capacity_asked:
+            r.server.chats[cid] = replace(r.server.chats[cid], queued_for_capacity=False)
+            await confirmer.reread(cid)
+        last = {a.labels["chat_id"]: a for a in r.sink.alerts if a.name == "ChatStuck"}
+        assert all("cause_pending" not in a.annotations for a in last.values())
+        assert {a.labels["cause"] for a in last.values()} == {"unknown"}
+        fleet = [a for a in r.sink.alerts if a.name == "FleetIncident"]
+        assert [(a.labels["cause"], a.annotations["count"]) for a in fleet] == [("unknown", "5")]
 
 
 async def test_a_chat_admitted_after_all_goes_back_to_unknown() -> None:

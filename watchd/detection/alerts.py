@@ -41,6 +41,9 @@ CLOCK_TEXT = {
     CLOCK_LOWER_BOUND: "first seen in a listing; clock from updated_at (a lower bound: the "
     "true time in status is at least this)",
 }
+# A burst's running chat whose capacity flag is being read (a listing never carries it):
+# its cause may still become ``capacity``, so it joins no FleetIncident until then.
+CAUSE_PENDING = "queued_for_capacity not read yet (a listing never carries it): reading it"
 SEVERITY = {
     "ChatStuck": "warning",
     "ChatStranded": "warning",
@@ -198,9 +201,11 @@ class Renderer:
         measured_at: float,
         invalid: str | None = None,
         burst: int = 1,
+        cause_pending: bool = False,
     ) -> Alert:
         """The alert of a draft, with what only the confirmation's end knows: the time in
-        status as measured then, the facts, the burst and an invalid execution state."""
+        status as measured then, the facts, the burst and an invalid execution state;
+        ``cause_pending``: its capacity flag is being read (the cause may still move)."""
         rec = d.rec
         name = d.name
         title = d.title
@@ -239,6 +244,8 @@ class Renderer:
             ),
         }
         _add_evidence(annotations, rec, facts, invalid)
+        if cause_pending:
+            annotations["cause_pending"] = CAUSE_PENDING
         for k, v in d.tail:
             annotations[k] = v
         # startsAt from what the server said (the clock start plus the budget: when the
@@ -320,21 +327,27 @@ def recaused(alert: Alert, rec: ChatRecord) -> Alert:
     """A firing chat alert as it stands once its chat's capacity flag is known (read by
     GET after a listing confirmed the burst it came due in): queued, its cause becomes
     ``capacity`` with the capacity hint; admitted after all, a ``capacity`` cause goes
-    back to ``unknown`` (what a listing's evidence shows). Unchanged otherwise (the
-    same object). The fingerprint never moves (fleet.md §1)."""
+    back to ``unknown`` (what a listing's evidence shows); either way its cause is no
+    longer pending. Unchanged otherwise (the same object). The fingerprint never moves
+    (fleet.md §1)."""
     old = alert.labels.get("cause")
+    pending = "cause_pending" in alert.annotations
     if old is None or old in ABOVE_CAPACITY or "execution_state" in alert.annotations:
         return alert
     if rec.queued_for_capacity and old != "capacity":
         new = "capacity"
     elif not rec.queued_for_capacity and old == "capacity":
         new = "unknown"
+    elif pending:
+        new = old
     else:
         return alert
     labels = dict(alert.labels)
     labels["cause"] = new
     annotations = dict(alert.annotations)
-    annotations["hint"] = hint(Facts(record=rec))
+    annotations.pop("cause_pending", None)
+    if new != old:
+        annotations["hint"] = hint(Facts(record=rec))
     if rec.queued_for_capacity:
         annotations["queued_for_capacity"] = "true"
     else:

@@ -28,7 +28,6 @@ from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.detection.alerts import Draft, Renderer, unconfirmed_alert
 from watchd.detection.budgets import Clock, Overdue, past_budget
-from watchd.detection.causes import ABOVE_CAPACITY
 from watchd.detection.diagnosis import Facts, to_read
 from watchd.detection.drafting import Drafted, Drafting, LatePages
 from watchd.detection.ledger import ClockKey, Ledger
@@ -356,21 +355,17 @@ class Confirming:
         return facts
 
     @staticmethod
-    def _learn_capacity(w: Watched, due: list[_Due], fired: list[Alert]) -> None:
+    def _ask_capacity(w: Watched, due: list[_Due]) -> AbstractSet[str]:
         """A listing never carries ``queued_for_capacity`` (only a GET does): the running
-        chats whose alerts it fired are read once more, paced, so the likeliest cause of
-        a burst (the deployment's concurrency cap) is learned; the cause follows
-        (:meth:`Ledger.recause`)."""
-        unread = {rec.chat_id for rec, *_ in due if rec.queued_for_capacity is None}
+        chats it confirmed are asked a GET each, paced by the watcher, so the likeliest
+        cause of a burst (the deployment's concurrency cap) is learned; what the watcher
+        accepted to read has its cause pending until then (:meth:`Ledger.recause`)."""
         ask = [
-            a.labels["chat_id"]
-            for a in fired
-            if a.labels.get("status") == "running"
-            and a.labels.get("cause") not in ABOVE_CAPACITY
-            and a.labels.get("chat_id") in unread
+            rec.chat_id
+            for rec, *_ in due
+            if rec.status == "running" and rec.queued_for_capacity is None
         ]
-        if ask:
-            w.confirmer.learn_capacity(ask)
+        return w.confirmer.learn_capacity(ask) if ask else frozenset()
 
     async def _verdicts(
         self,
@@ -394,6 +389,8 @@ class Confirming:
             return
         burst = len(due)
         facts = await self._facts(w, due)
+        # No await from here to the fire pass: a read cannot land before its alert fires.
+        pending = self._ask_capacity(w, due)
         firing = self.ledger.firing
         fired: list[Alert] = []
         invalid = self.ledger.invalid
@@ -433,6 +430,7 @@ class Confirming:
                     measured_at=self.wall.now(),
                     invalid=invalid.get(rec.key) if invalid else None,
                     burst=burst,
+                    cause_pending=rec.chat_id in pending,
                 )
                 if unconfirmed:
                     error = unconfirmed.get((rec.identity, rec.chat_id, clock))
@@ -444,7 +442,6 @@ class Confirming:
         # A burst allocates tens of thousands of acyclic objects in one synchronous pass.
         with collector_paused(burst > 1):
             self.ledger.fire_all(rendered(), quiet=burst > 1)
-        self._learn_capacity(w, due, fired)
         if burst > 1 and fired:
             names = Counter(a.name for a in fired)
             log.warning(

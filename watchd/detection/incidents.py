@@ -211,7 +211,9 @@ class Incidents:
 
 
 def _key(alert: Alert) -> Key | None:
-    if alert.name not in MEMBERS:
+    # A member whose cause is still being read joins once it is known (or never, if the
+    # read fails: it then pages as itself, the safe side).
+    if alert.name not in MEMBERS or "cause_pending" in alert.annotations:
         return None
     cause = alert.labels.get("cause")
     return (alert.labels.get("deployment", ""), cause) if cause else None

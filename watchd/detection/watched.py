@@ -37,9 +37,10 @@ class Confirmer(Protocol):
 
     async def facts(self, record: ChatRecord, *, lookup: bool = True) -> Reading: ...
 
-    def learn_capacity(self, chat_ids: Sequence[str]) -> None:
+    def learn_capacity(self, chat_ids: Sequence[str]) -> AbstractSet[str]:
         """Read these chats by GET, paced, for their ``queued_for_capacity`` (a listing
-        never carries it); what is learned comes back as store changes."""
+        never carries it); what is learned comes back as store changes. Returns the ids
+        it will read (the queue is bounded)."""
 
 
 class Arming(Protocol):

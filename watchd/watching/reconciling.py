@@ -109,7 +109,7 @@ class Reconciler:
         log.info("watch.reread", identity=self.name, chats=len(dirty), by_listing=self._relist_now)
         self._absent_wake.set()
 
-    def capacity_changed(self, chat_ids: Iterable[str]) -> None:
+    def capacity_changed(self, chat_ids: Iterable[str]) -> set[str]:
         """Chats whose ``queued_for_capacity`` is to be learned: a ``capacity_change``
         event named them (its payload is a list row: no flag, ``updated_at`` unchanged),
         or their alerts fired on a listing's evidence. Each is read by GET, once however
@@ -117,18 +117,26 @@ class Reconciler:
         queue = self.to_confirm
         waiting = sum(1 for why in queue.values() if why == "capacity")
         dropped = 0
+        accepted = set()
         for chat_id in chat_ids:
-            if chat_id in queue:
+            why = queue.get(chat_id)
+            if why is not None and why != "absent":
+                # Read anyway (dirty, or asked already): that GET learns the flag.
+                accepted.add(chat_id)
                 continue
+            # An absent chat's read is skipped once a listing sees it again: a capacity
+            # read is not.
             if waiting >= CAPACITY_READS_MAX:
                 dropped += 1
                 continue
             queue[chat_id] = "capacity"
+            accepted.add(chat_id)
             waiting += 1
         if dropped:
             self.health.capacity_reads_dropped += dropped
             log.info("capacity.reads_dropped", identity=self.name, chats=dropped)
         self._absent_wake.set()
+        return accepted
 
     async def forever(self) -> None:
         """Relist every ``reconcile_interval`` (jittered); between listings, confirm the

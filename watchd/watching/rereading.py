@@ -90,9 +90,10 @@ class Rereads:
         """The reads that explain a stuck chat (its workspace's build, the quota)."""
         return await self.diagnosing.read(record, lookup=lookup)
 
-    def learn_capacity(self, chat_ids: Sequence[str]) -> None:
-        """Queue these chats' GETs for their capacity flag (paced by the reconciler)."""
-        self.reconciler.capacity_changed(chat_ids)
+    def learn_capacity(self, chat_ids: Sequence[str]) -> AbstractSet[str]:
+        """Queue these chats' GETs for their capacity flag (paced by the reconciler);
+        the ids it will read."""
+        return self.reconciler.capacity_changed(chat_ids)
 
     def _timed(self, started: float) -> None:
         h = self.health
