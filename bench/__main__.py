@@ -46,7 +46,7 @@ def main() -> None:
         "--only",
         default="",
         help="comma list: footprint,throughput,scale,identities,reconcile,latency,spans,"
-        "ingest,status,tail,admission",
+        "ingest,status,tail,admission,incidents",
     )
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
@@ -65,6 +65,7 @@ def main() -> None:
         ("status", lambda: statuspage.status_page(2_000 if q else 20_000)),
         ("tail", lambda: tail.tail(1_000 if q else 10_000)),
         ("admission", lambda: admission.admission(50, 2_000 if q else 10_000)),
+        ("incidents", lambda: cases.incident_burst(1_000 if q else 10_000)),
     ]
     only = set(filter(None, args.only.split(",")))
     rows: list[dict[str, Any]] = []

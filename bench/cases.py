@@ -901,3 +901,121 @@ def ingest_overload(batches: int) -> list[Row]:
         row("events dropped (counted)", doc["telemetry"]["events_dropped"], "events", None),
         row("watcher ready during flood", 1.0 if ready else 0.0, "bool", None, "", "1"),
     ]
+
+
+# -- FleetIncident: one burst under one cause, with incidents on and off -----------------
+
+
+def incident_burst(chats: int, budget: float = 15.0) -> list[Row]:
+    """``chats`` running chats come due together under one cause (no workspace: the
+    listing's evidence says ``unknown``): what reaches a webhook with FleetIncident on
+    (the default) and off, in one run: notifications, alerts in their bodies, the time
+    from the burst's due moment to its page (the incident; off: the last chat's page),
+    and the daemon's RSS after it."""
+    from aiohttp import web
+
+    from bench.procs import free_port
+
+    def once(incidents: bool) -> dict[str, float]:
+        got = {"posts": 0, "alerts": 0}
+        due: list[float] = []
+        paged: list[float] = []
+        seen: set[str] = set()
+        done = threading.Event()
+
+        async def hook(request: web.Request) -> web.Response:
+            raw = await request.read()
+            now = time.time()
+            body = json.loads(raw)
+            got["posts"] += 1
+            got["alerts"] += len(body["alerts"])
+            for a in body["alerts"]:
+                if a["status"] != "firing":
+                    continue
+                name = a["labels"]["alertname"]
+                if name == "FleetIncident" and not paged:
+                    paged.append(now)
+                    due.append(datetime.fromisoformat(a["annotations"]["since"]).timestamp())
+                    done.set()
+                elif name == "ChatStuck" and not incidents:
+                    seen.add(a["labels"]["chat_id"])
+                    since = datetime.fromisoformat(a["annotations"]["since"]).timestamp()
+                    due.append(since + budget)
+                    if len(seen) >= chats:
+                        paged.append(now)
+                        done.set()
+            return web.Response(text="")
+
+        loop = asyncio.new_event_loop()
+        app = web.Application(client_max_size=256 << 20)
+        app.router.add_post("/hook", hook)
+        runner = web.AppRunner(app, access_log=None)
+        loop.run_until_complete(runner.setup())
+        port = free_port()
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        threading.Thread(target=loop.run_forever, daemon=True).start()
+        sim = Sim(
+            "--scenario", "bulk", "--users", "1", "--chats-per-user", str(chats),
+            "--chat-status", "running", "--chat-age", "0",
+        )  # fmt: skip
+        try:
+            d = Daemon(
+                sim,
+                extra={
+                    "budgets": {"running": f"{budget}s"},
+                    "receivers": [
+                        {"name": "hook", "webhook": {"url": f"http://127.0.0.1:{port}/hook"}}
+                    ],
+                    "route": {"receiver": "hook", "group_wait": "2s", "group_interval": "1s"},
+                    "incidents": {"enabled": incidents},
+                },
+            )
+            try:
+                done.wait(120 + budget)
+                time.sleep(5)  # what a group_interval or two would add
+                rss = d.rss
+            finally:
+                d.stop()
+        finally:
+            sim.stop()
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+        took = paged[0] - max(due) if paged and due else float("nan")
+        return {"posts": got["posts"], "alerts": got["alerts"], "took": took, "rss": rss}
+
+    on, off = once(True), once(False)
+    what = f"{chats} chats due under one cause"
+    return [
+        row(
+            f"notifications, {what} (incidents on)",
+            on["posts"],
+            "POSTs",
+            off["posts"],
+            "the same burst with incidents off",
+            "1 incident notification",
+        ),
+        row(
+            f"alerts in notification bodies, {what} (incidents on)",
+            on["alerts"],
+            "alerts",
+            off["alerts"],
+            "the same burst with incidents off",
+            "1, not one per chat",
+        ),
+        row(
+            "burst due → its page (on: the incident; off: the last chat's)",
+            on["took"],
+            "s",
+            off["took"],
+            "the same burst with incidents off",
+            "",
+        ),
+        row(
+            f"RSS after the burst, {what} (incidents on)",
+            on["rss"],
+            "MB",
+            off["rss"],
+            "the same burst with incidents off",
+            "hold",
+        ),
+    ]
