@@ -107,7 +107,9 @@ class Transport:
         self._session = session
         self.identity = identity
         self._events: EventSink = events or NullSink()
-        self._source = source or EventSource(service="watchd", instance="local", agent=identity)
+        self._source = source or EventSource(
+            service="watchd", instance="local", agent=identity, own=True
+        )
         self.server_clock = server_clock or ServerClock()
         self.limiter = limiter or RateLimiter(rate=6.0, burst=30)
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, 10.0))

@@ -152,7 +152,8 @@ class Daemon:
             chat_failed=config.detection.chat_failed,
             link_template=config.chat_link_template,
             wall=self.clock,
-            incidents=config.incidents,  # h26 (issue 26): FleetIncident settings
+            incidents=config.incidents,
+            on_left=lambda *left: self.metrics.left_status(*left),  # noqa: PLW0108 (made next)
         )
         self.state_watch = StateWatch(db=self.db, detector=self.detector, state_dir=str(state_dir))
         self.metrics = Metrics(self)
@@ -165,8 +166,7 @@ class Daemon:
             events=self.events,
             clock=self.clock,
         )
-        # The same dicts the identities keep: the view (status, metrics) reads them.
-        self.health: dict[str, IdentityHealth] = self.identities.health
+        self.health: dict[str, IdentityHealth] = self.identities.health  # the view reads them
         self.watchers: dict[str, IdentityWatcher] = self.identities.watchers
         self.sweep = SweepSlot(
             supervisor=self.supervisor,
@@ -331,7 +331,7 @@ class Daemon:
             listing_threshold=d.confirm_listing_threshold,
             chat_failed=d.chat_failed,
             link_template=config.chat_link_template,
-            incidents=config.incidents,  # h26 (issue 26): FleetIncident settings
+            incidents=config.incidents,
         )
         # Only owned identities run here: a resharding reload starts and stops watchers
         # like an edit of the identity list would. One owned by another replica now keeps

@@ -13,7 +13,11 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
 from watchd.daemon.snapshot import DispatchSnapshot, Snapshot
@@ -45,6 +49,8 @@ TASK_KINDS = frozenset(
 STATUSES = sorted(ACTIVE_STATUSES | BLOCKED_STATUSES | IDLE_STATUSES)
 KNOWN = frozenset(STATUSES)
 OTHER = "other"
+# The statuses a chat can be stuck in, and one series for those this build does not know.
+NON_TERMINAL = (*sorted(ACTIVE_STATUSES | BLOCKED_STATUSES), OTHER)
 OUTCOMES = ("sent", "failed", "retried", "dropped")
 
 
@@ -64,6 +70,25 @@ def chat_families(snap: Snapshot) -> Iterator[Metric]:
         for status in (*sorted(STATUSES), OTHER):
             chats.add_metric([name, status], counts.get(status, 0))
     yield chats
+    oldest = gauge(
+        "watchd_chat_oldest_status_age_seconds",
+        "Age in status of the oldest chat now in each non-terminal status (0: none), "
+        "on the server's clock.",
+        ["identity", "status"],
+    )
+    for name, since_by_status in snap.oldest_since.items():
+        health = snap.health.get(name)
+        if health is None:
+            continue
+        ages: dict[str, float] = {}
+        for status, since in since_by_status.items():
+            key = status if status in KNOWN else OTHER
+            if key in IDLE_STATUSES:
+                continue
+            ages[key] = max(ages.get(key, 0.0), health.server_now - since)
+        for status in NON_TERMINAL:
+            oldest.add_metric([name, status], round(max(0.0, ages.get(status, 0.0)), 3))
+    yield oldest
     yield single(
         gauge(
             "watchd_chats_unknown_status",
@@ -141,6 +166,7 @@ def telemetry_families(t: Mapping[str, Any]) -> Iterator[Metric]:
         ),
         t["open_pairs"],
     )
+    yield from agent_families(t["agents"])
     lines = counter(
         "watchd_file_source_lines_total",
         "Lines read from telemetry.sources files, and those rejected (bad or too long).",
@@ -220,6 +246,46 @@ def dispatch_families(disp: DispatchSnapshot) -> Iterator[Metric]:
         ),
         disp.group_overflow,
     )
+
+
+def agent_families(a: Mapping[str, Any]) -> Iterator[Metric]:
+    """The agents' forwarded transport events (fleet.md §5): closed label sets only."""
+    segments = counter(
+        "watchd_agent_segments_total",
+        "Settled turn segments forwarded by agents, by outcome.",
+        ["outcome"],
+    )
+    for k, v in a["segments"].items():
+        segments.add_metric([k], v)
+    yield segments
+    h = a["segment_seconds"]
+    hist = HistogramMetricFamily(
+        "watchd_agent_segment_duration_seconds",
+        "Duration of settled segments that carried durationMs.",
+        labels=[],
+    )
+    hist.add_metric(
+        [],
+        [(_le(b), float(c)) for b, c in zip(h["buckets"], h["counts"], strict=True)],
+        sum_value=h["sum"],
+    )
+    yield hist
+    yield single(
+        counter("watchd_agent_redials_total", "Stream redials (ws:redial) agents forwarded.", []),
+        a["redials"],
+    )
+    http = counter(
+        "watchd_agent_http_responses_total",
+        "HTTP answers agents forwarded, by status class (error: no answer).",
+        ["code_class"],
+    )
+    for k, v in a["http"].items():
+        http.add_metric([k], v)
+    yield http
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
 def gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:

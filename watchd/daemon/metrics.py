@@ -24,6 +24,7 @@ from prometheus_client import (
 )
 
 from watchd.daemon.collector import Live
+from watchd.daemon.families import NON_TERMINAL
 from watchd.daemon.view import DaemonView
 
 # `_created` gauges per histogram child are noise for scrapers of the 0.0.4 text format.
@@ -36,6 +37,11 @@ LISTING_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 CONFIRM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # First attempt to acceptance, retries and Retry-After included.
 NOTIFY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Time in a non-terminal status: seconds (a quick turn) to a day, so budgets from a
+# minute to hours fall on a bucket edge (1m, 2m, 5m, 10m, 15m, 30m, 1h, 2h, 4h, 12h).
+STATUS_BUCKETS = (
+    5, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 43200, 86400,
+)  # fmt: skip
 
 
 class Metrics:
@@ -67,16 +73,34 @@ class Metrics:
             buckets=NOTIFY_BUCKETS,
             registry=self.registry,
         )
+        self.status_duration = Histogram(
+            "watchd_chat_status_duration_seconds",
+            "Time a chat spent in a non-terminal status, observed when it left it "
+            "(server clock; a lower bound for a chat first seen in a listing).",
+            ["identity", "status"],
+            buckets=STATUS_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(Live(daemon))
 
     def identity_added(self, name: str) -> None:
         self.listing.labels(name)
         self.confirmation.labels(name)
+        for status in NON_TERMINAL:
+            self.status_duration.labels(name, status)
+
+    def left_status(self, identity: str, status: str, seconds: float) -> None:
+        """The detector's hook: a chat left a non-terminal status after ``seconds``."""
+        label = status if status in NON_TERMINAL else "other"
+        self.status_duration.labels(identity, label).observe(seconds)
 
     def identity_removed(self, name: str) -> None:
         for h in (self.listing, self.confirmation):
             with contextlib.suppress(KeyError):
                 h.remove(name)
+        for status in NON_TERMINAL:
+            with contextlib.suppress(KeyError):
+                self.status_duration.remove(name, status)
 
     def delivered(self, receiver: str, seconds: float) -> None:
         """The dispatcher's hook: a notification accepted ``seconds`` after its first try."""

@@ -63,6 +63,8 @@ class Snapshot:
     store: StoreSnapshot
     health: Mapping[str, HealthSnapshot]  # per owned identity, in the order they started
     chats_by_status: Mapping[str, Mapping[str, int]]  # per owned identity
+    # Per owned identity, per status: the oldest chat's clock start (server time).
+    oldest_since: Mapping[str, Mapping[str, float]]
     state: StateSnapshot
     heartbeat: HeartbeatSnapshot | None
     sweep: SweepSnapshot | None
@@ -88,10 +90,16 @@ def take(
     reloads: Mapping[str, int],
     last_reload: Mapping[str, Any] | None,
 ) -> Snapshot:
+    census = {name: store.census(name) for name in health}
     return Snapshot(
         store=store.snapshot(),
         health={name: h.snapshot() for name, h in health.items()},
-        chats_by_status={name: store.by_status(name) for name in health},
+        chats_by_status={
+            name: {status: n for status, (n, _) in c.items()} for name, c in census.items()
+        },
+        oldest_since={
+            name: {status: since for status, (_, since) in c.items()} for name, c in census.items()
+        },
         state=db.snapshot(),
         heartbeat=None if deadman is None else deadman.snapshot(),
         sweep=sweep.snapshot(),

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from watchd.alerting.model import Alert, AlertSink, fingerprint
-from watchd.coder.models import KNOWN_STATUSES
+from watchd.coder.models import IDLE_STATUSES, KNOWN_STATUSES
 from watchd.config.watching import Budgets, IncidentsConfig
 from watchd.detection.alerts import Renderer
 from watchd.detection.budgets import ERROR, RUNNING, budget
@@ -64,8 +64,12 @@ class Detector:
         link_template: str = "{deployment}/agents/{chat_id}",
         wall: WallClock | None = None,
         incidents: IncidentsConfig | None = None,
+        on_left: Callable[[str, str, float], None] | None = None,
     ) -> None:
+        """``on_left(identity, status, seconds)``: a chat left a non-terminal status after
+        that long on the server's clock (the SLO histogram, fleet.md §5)."""
         self.wall: WallClock = wall or SystemClock()
+        self.on_left = on_left
         self.store = store
         # The chats' part of the state file: the last record of each chat, flushed later.
         self.chat_rows = db.part(ChatRows) if db is not None else None
@@ -219,6 +223,8 @@ class Detector:
                 self._gone(identity, change)
                 continue
             prev = change.previous
+            if kind == "transition" and prev is not None and self.on_left is not None:
+                self._left(identity, prev, rec)
             if kind == "transition" and rec.clock == CLOCK_SYNTHESIZED:
                 log.info(
                     "transition.synthesized",
@@ -261,6 +267,16 @@ class Detector:
             if nxt is not None and nxt < self._next_wake:
                 # Only a deadline earlier than the loop's planned wake-up needs a wake-up.
                 self._wake.set()
+
+    def _left(self, identity: str, prev: ChatRecord, rec: ChatRecord) -> None:
+        """The SLO histogram's observation: leaving a non-terminal status (a round trip
+        too), timed on the server's clock from its entry stamp to the next status's."""
+        if (
+            self.on_left is not None
+            and prev.status not in IDLE_STATUSES
+            and rec.since >= prev.since
+        ):
+            self.on_left(identity, prev.status, rec.since - prev.since)
 
     def _firing_moved(self, prev: ChatRecord, rec: ChatRecord, kind: str) -> None:
         """A chat whose alerts fire changed: a transition resolves them, progress resolves

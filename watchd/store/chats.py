@@ -25,7 +25,6 @@ status. Its ``source`` says how we know:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -101,7 +100,17 @@ class ChatStore:
 
     def by_status(self, identity: str) -> dict[str, int]:
         """How many of the identity's chats are in each status (a copy)."""
-        return dict(Counter(r.status for r in self._by_identity.get(identity, {}).values()))
+        return {status: n for status, (n, _) in self.census(identity).items()}
+
+    def census(self, identity: str) -> dict[str, tuple[int, float]]:
+        """Per status: how many of the identity's chats are in it, and the earliest clock
+        start among them (server time: the oldest chat's entry into that status). One
+        pass, for a scrape."""
+        out: dict[str, tuple[int, float]] = {}
+        for r in self._by_identity.get(identity, {}).values():
+            seen = out.get(r.status)
+            out[r.status] = (1, r.since) if seen is None else (seen[0] + 1, min(seen[1], r.since))
+        return out
 
     def get(self, identity: str, chat_id: str) -> ChatRecord | None:
         return self._by_identity.get(identity, {}).get(chat_id)

@@ -27,6 +27,8 @@ class EventSource:
     service: str
     instance: str
     agent: str | None = None
+    # watchd's own traffic (not an agent's): counted as spans, never as agent signals.
+    own: bool = False
 
 
 def own_source(identity: str) -> EventSource:
@@ -34,7 +36,10 @@ def own_source(identity: str) -> EventSource:
     # OTEL_SERVICE_NAME names watchd's own service, as for any OpenTelemetry SDK user.
     service = os.environ.get("OTEL_SERVICE_NAME", "").strip() or "watchd"
     return EventSource(
-        service=service, instance=f"{socket.gethostname()}:{os.getpid()}", agent=identity
+        service=service,
+        instance=f"{socket.gethostname()}:{os.getpid()}",
+        agent=identity,
+        own=True,
     )
 
 

@@ -13,7 +13,8 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from watchd.kits import logs
-from watchd.telemetry.events import QueueSink
+from watchd.telemetry.agents import AgentSignals
+from watchd.telemetry.events import EventSource, QueueSink
 from watchd.telemetry.spans import SpanConverter
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ class SpanPipeline:
         self.by_name: Counter[str] = Counter()
         self.by_source: Counter[str] = Counter()
         self.batches = 0
+        # The agents' forwarded events as metrics (watchd's own traffic is not counted).
+        self.agents = AgentSignals()
 
     def snapshot(self) -> dict[str, Any]:
         """The pipeline's counts as plain data (``/status`` and ``/metrics`` read this)."""
@@ -53,6 +56,7 @@ class SpanPipeline:
             "open_pairs": self.converter.open_pairs,
             "converter": dict(self.converter.counters),
             "spans_by_name": dict(self.by_name.most_common(20)),
+            "agents": self.agents.snapshot(),
             "export": None
             if export is None
             else {
@@ -94,6 +98,8 @@ class SpanPipeline:
                     self._emit(rec)
 
     def _convert(self, source: object, event: object) -> None:
+        if isinstance(source, EventSource) and not source.own and isinstance(event, dict):
+            self.agents.observe(event)
         try:
             records = self.converter.feed(source, event)  # type: ignore[arg-type]
         except Exception:
