@@ -1315,3 +1315,24 @@ async def test_a_chat_admitted_after_all_goes_back_to_unknown() -> None:
         last = r.sink.alerts[-1]
         assert (last.labels["chat_id"], last.labels["cause"]) == ("c0", "unknown")
         assert "queued_for_capacity" not in last.annotations
+
+
+async def test_a_stuck_chats_hint_says_what_its_agent_forwarded() -> None:
+    """A chat whose agent's stream opened and then went silent fires ChatStuck with the
+    agent_evidence annotation and the hint ending with it; the verdict itself rests on the
+    server's status (the evidence only explains)."""
+    async with rig(Budgets(running=300)) as r:
+        r.ready()
+        now = r.clock.now()
+        r.see("c1", "running", now - 200)
+        r.det.timelines.transport(
+            {"type": "ws:open", "chatId": "c1", "attempt": 1}, now - 14 * 60 - 30
+        )
+        await r.settle()
+        assert r.sink.alerts == []  # the events alone fire nothing
+        r.advance(101)
+        await r.settle()
+        (alert,) = r.sink.alerts
+        evidence = alert.annotations["agent_evidence"]
+        assert evidence.startswith("the agent's stream has been open and silent for 16 min")
+        assert alert.annotations["hint"].endswith(f"(agent events: {evidence})")

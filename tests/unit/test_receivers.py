@@ -58,7 +58,7 @@ def note(*alerts: Alert) -> Notification:
         group_key="root:{identity='team-a'}",
         group_labels={"identity": "team-a", "alertname": "ChatStuck"},
         alerts=alerts,
-        external_url="http://watchd.local:9310/status",
+        external_url="http://watchd.local:9310",
     )
 
 
@@ -378,10 +378,10 @@ def test_webhook_json_is_the_v4_body_of_each_alert() -> None:
         )
         for i in range(7)
     )
-    n = Notification("r", "k", {"identity": "a"}, alerts, "http://watchd/")
+    n = Notification("r", "k", {"identity": "a"}, alerts, "http://watchd")
     body = orjson_loads(webhook_json(n))
     assert body == orjson_loads(dumps(webhook_body(n)))
-    each = [am_alert(a, generator_url="http://watchd/") for a in alerts]
+    each = [am_alert(a, generator_url="http://watchd/status") for a in alerts]
     assert webhook_json(n) == dumps({**webhook_body(n), "alerts": each})  # byte for byte
     assert body["commonLabels"] == {"alertname": "ChatStuck", "identity": "a"}
     assert body["commonAnnotations"] == {"clock": "transition"}
@@ -408,7 +408,7 @@ def incident_note(*alerts: Alert) -> Notification:
         group_key="root:{alertname='FleetIncident'}",
         group_labels={"alertname": "FleetIncident"},
         alerts=alerts,
-        external_url="http://watchd.local:9310/status",
+        external_url="http://watchd.local:9310",
     )
 
 

@@ -16,6 +16,7 @@ from watchd.config.fields import (
     Strict,
     Timeout,
     floor,
+    http_url,
     parse_duration,
 )
 
@@ -29,11 +30,34 @@ class ServerConfig(Strict):
     admin_token_file: str | None = None
     admin_token_env: str | None = None
     admin_token_credential: str | None = None
-    # The link to this daemon's status page put into notifications (optional).
+    # The URL people reach this daemon at (as Alertmanager's --web.external-url): its
+    # status page ({external_url}/status) and each chat's timeline
+    # ({external_url}/status/chats/{chat_id}) are linked from notifications. Optional.
     external_url: str = ""
     # An agent batch is a few KB; 1 MiB allows big batches without letting one request
     # pin memory.
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
+
+    @field_validator("external_url")
+    @classmethod
+    def _external_url(cls, v: str) -> str:
+        if not v:
+            return v
+        from urllib.parse import urlsplit
+
+        url = http_url(v)
+        parts = urlsplit(url)
+        if parts.query or parts.fragment:
+            raise ValueError(
+                f"{v!r} has a query or fragment: give the base URL people reach watchd at "
+                "(e.g. https://watchd.example.com or https://example.com/watchd)"
+            )
+        if url.endswith("/status"):
+            raise ValueError(
+                f"{v!r} ends in /status: give the base URL (watchd adds /status and "
+                "/status/chats/<id>)"
+            )
+        return url
 
     @field_validator("listen")
     @classmethod

@@ -50,6 +50,7 @@ from watchd.kits.clock import LoopClock
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
 from watchd.store.rows import ChatRows
+from watchd.store.timelines import Timelines
 from watchd.telemetry.events import EventSink, NullSink
 from watchd.watching.settings import WatchSettings
 from watchd.watching.watcher import IdentityWatcher
@@ -121,6 +122,7 @@ class Daemon:
         self.deadman: Heartbeat | None = None
         self._session: aiohttp.ClientSession | None = None
         self._wire_core(config, state_dir)
+        self.telemetry.on_forwarded = self.detector.timelines.transport
         self.history = ChatHistory()
         self.ingest = IngestPort(sink=self.telemetry.sink, token=lambda: self.secrets.ingest_token)
         self.server = Server(
@@ -151,9 +153,11 @@ class Daemon:
             listing_threshold=config.detection.confirm_listing_threshold,
             chat_failed=config.detection.chat_failed,
             link_template=config.chat_link_template,
+            external_url=config.server.external_url,
             wall=self.clock,
             incidents=config.incidents,
             on_left=lambda *left: self.metrics.left_status(*left),  # noqa: PLW0108 (made next)
+            timelines=Timelines(max_chats=self.store.capacity, identity_of=self.store.identity_of),
         )
         self.state_watch = StateWatch(db=self.db, detector=self.detector, state_dir=str(state_dir))
         self.metrics = Metrics(self)
@@ -325,14 +329,7 @@ class Daemon:
             self.settings = dataclasses.replace(
                 self.settings, reconcile_interval=config.reconcile_interval
             )
-        d = config.detection
-        self.detector.retune(
-            confirm_rate=d.confirm_rate,
-            listing_threshold=d.confirm_listing_threshold,
-            chat_failed=d.chat_failed,
-            link_template=config.chat_link_template,
-            incidents=config.incidents,
-        )
+        self.detector.retune(config)
         # Only owned identities run here: a resharding reload starts and stops watchers
         # like an edit of the identity list would. One owned by another replica now keeps
         # its alerts firing there under the same fingerprints: handed over, not resolved.

@@ -26,6 +26,7 @@ from watchd.daemon.metrics import CONTENT_TYPE
 from watchd.daemon.silences_api import SilencesApi
 from watchd.daemon.status import StatusQuery, status_document
 from watchd.daemon.status_page import status_html
+from watchd.daemon.timeline import timeline_document, timeline_html
 from watchd.daemon.view import DaemonView, liveness_problems
 from watchd.kits.redaction import REGISTRY
 from watchd.telemetry.ingest import IngestError, NoRoom, parse_batch_stepwise
@@ -68,6 +69,7 @@ class Server:
         self.app.router.add_get("/healthz", self.healthz)
         self.app.router.add_get("/readyz", self.readyz)
         self.app.router.add_get("/status", self.status)
+        self.app.router.add_get("/status/chats/{chat_id}", self.timeline)
         self.app.router.add_get("/metrics", self.metrics)
         self.app.router.add_post("/v1/transport-events", self.ingest)
         self.app.router.add_get("/v1/admission", self.admission)
@@ -149,6 +151,22 @@ class Server:
             return web.Response(text=REGISTRY.scrub(status_html(doc)), content_type="text/html")
         # orjson: encoding a full page is ~10x faster than json, and it runs on the loop.
         # The scrub is the last line of defence: nothing a server echoed (a token) leaves.
+        return web.Response(
+            text=REGISTRY.scrub(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode()),
+            content_type="application/json",
+        )
+
+    async def timeline(self, request: web.Request) -> web.Response:
+        """One chat's timeline (fleet.md §4): JSON, or HTML for a browser."""
+        accept = request.headers.get("Accept", "")
+        wants_html = request.query.get("format") == "html" or (
+            "text/html" in accept and request.query.get("format") != "json"
+        )
+        doc = timeline_document(self.daemon, request.match_info["chat_id"][:200])
+        if doc is None:
+            return web.json_response({"error": "watchd knows no chat of that id"}, status=404)
+        if wants_html:
+            return web.Response(text=REGISTRY.scrub(timeline_html(doc)), content_type="text/html")
         return web.Response(
             text=REGISTRY.scrub(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode()),
             content_type="application/json",

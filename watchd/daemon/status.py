@@ -282,6 +282,7 @@ async def status_document(
         },
         "reload": {**snap.reloads, "last": snap.last_reload},
         "counters": dict(det.counters),
+        "timelines": det.timelines.snapshot(),
         "store": dataclasses.asdict(snap.store),
         "state": dataclasses.asdict(snap.state),
         "limits": dict(snap.limits),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import time
+import urllib.parse
 from typing import Any
 from urllib.parse import urlencode
 
@@ -139,8 +140,8 @@ def _member_chat(m: dict[str, Any]) -> str:
     e = html.escape
     text = e(m["title"] or m["chat_id"])
     if m["link"].startswith(("http://", "https://")):
-        return f"<a class='chat' href='{e(m['link'])}'>{text}</a>"
-    return text
+        text = f"<a class='chat' href='{e(m['link'])}'>{text}</a>"
+    return text + _timeline_link(m["chat_id"])
 
 
 def status_html(doc: dict[str, Any]) -> str:
@@ -358,9 +359,20 @@ def _chat_cell(a: dict[str, Any]) -> str:
     ann, lab = a["annotations"], a["labels"]
     text = e(ann.get("title", "") or lab.get("chat_id", ""))
     link = ann.get("link", "")
-    if link.startswith(("http://", "https://")):
-        return f"<a class='chat' href='{e(link)}'>{text or e(link)}</a>"
-    return text
+    cell = (
+        f"<a class='chat' href='{e(link)}'>{text or e(link)}</a>"
+        if link.startswith(("http://", "https://"))
+        else text
+    )
+    return cell + _timeline_link(lab.get("chat_id", ""))
+
+
+def _timeline_link(chat_id: str) -> str:
+    """Every chat on the page links to its timeline (``/status/chats/{id}``)."""
+    if not chat_id:
+        return ""
+    href = f"/status/chats/{urllib.parse.quote(chat_id, safe='')}?format=html"
+    return f" <a class='timeline' href='{html.escape(href)}'>timeline</a>"
 
 
 def _shard_note(sh: dict[str, Any]) -> str:

@@ -84,8 +84,10 @@ class Renderer:
     thousand alerts would otherwise format ten thousand times (durations are remembered
     by :func:`watchd.config.fields.duration_text`)."""
 
-    def __init__(self, *, link_template: str) -> None:
+    def __init__(self, *, link_template: str, external_url: str = "") -> None:
         self.link_template = link_template
+        # With server.external_url, every chat alert links the chat's timeline.
+        self.external_url = external_url
         self._label_keys: dict[str, str] = {}  # chat label key -> alert label name
 
     def chat_alert(
@@ -235,6 +237,11 @@ class Renderer:
             "clock": rec.clock if clock == "status" else "stalled",
             "clock_description": clock_text,
             "link": d.link,
+            **(
+                {"timeline": f"{self.external_url}/status/chats/{rec.chat_id}"}
+                if self.external_url
+                else {}
+            ),
             # Server time: the clock start plus the time in status measured on it.
             "hint": hint(
                 facts,
@@ -353,6 +360,15 @@ def recaused(alert: Alert, rec: ChatRecord) -> Alert:
     else:
         annotations.pop("queued_for_capacity", None)
     return dataclasses.replace(alert, labels=labels, annotations=annotations)
+
+
+def with_agent_evidence(alert: Alert, said: str) -> Alert:
+    """A chat alert with what the agent's forwarded events say (a redial storm, a silent
+    open stream): the ``agent_evidence`` annotation, and the hint ends with it."""
+    annotations = dict(alert.annotations)
+    annotations["agent_evidence"] = said
+    annotations["hint"] = f"{annotations.get('hint', '')} (agent events: {said})".strip()
+    return dataclasses.replace(alert, annotations=annotations)
 
 
 def unconfirmed_alert(alert: Alert, error: str) -> Alert:

@@ -26,7 +26,7 @@ import structlog
 
 from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.detection.alerts import Draft, Renderer, unconfirmed_alert
+from watchd.detection.alerts import Draft, Renderer, unconfirmed_alert, with_agent_evidence
 from watchd.detection.budgets import Clock, Overdue, past_budget
 from watchd.detection.diagnosis import Facts, to_read
 from watchd.detection.drafting import Drafted, Drafting, LatePages
@@ -39,6 +39,7 @@ from watchd.kits.heap import collector_paused
 from watchd.kits.tasks import spawn
 from watchd.store.chats import ChatStore
 from watchd.store.records import ChatRecord
+from watchd.store.timelines import Timelines
 
 log = logs.get("watchd.detection")
 
@@ -78,8 +79,10 @@ class Confirming:
         confirm_rate: float,
         listing_threshold: int,
         chat_failed: bool,
+        timelines: Timelines | None = None,
     ) -> None:
         self.store = store
+        self.timelines = timelines
         self.timers = timers
         self.ledger = ledger
         self.renderer = renderer
@@ -432,6 +435,10 @@ class Confirming:
                     burst=burst,
                     cause_pending=rec.chat_id in pending,
                 )
+                if self.timelines is not None and (
+                    said := self.timelines.agent_said(rec.chat_id, now=rec.since + past.age)
+                ):
+                    alert = with_agent_evidence(alert, said)
                 if unconfirmed:
                     error = unconfirmed.get((rec.identity, rec.chat_id, clock))
                     if error is not None:

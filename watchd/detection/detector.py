@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from watchd.alerting.model import Alert, AlertSink, fingerprint
 from watchd.coder.models import IDLE_STATUSES, KNOWN_STATUSES
+from watchd.config.model import Config
 from watchd.config.watching import Budgets, IncidentsConfig
 from watchd.detection.alerts import Renderer
 from watchd.detection.budgets import ERROR, RUNNING, budget
@@ -35,6 +36,9 @@ from watchd.store.health import IdentityHealth
 from watchd.store.records import CLOCK_SYNTHESIZED, Change, ChatRecord
 from watchd.store.rows import ChatRows
 from watchd.store.sqlite import StateFile
+from watchd.store.timelines import Timelines
+
+PRUNE_EVERY = 60.0  # seconds between looks for timelines past their keep
 
 log = logs.get("watchd.detection")
 
@@ -62,14 +66,18 @@ class Detector:
         listing_threshold: int = 20,
         chat_failed: bool = False,
         link_template: str = "{deployment}/agents/{chat_id}",
+        external_url: str = "",
         wall: WallClock | None = None,
         incidents: IncidentsConfig | None = None,
         on_left: Callable[[str, str, float], None] | None = None,
+        timelines: Timelines | None = None,
     ) -> None:
         """``on_left(identity, status, seconds)``: a chat left a non-terminal status after
         that long on the server's clock (the SLO histogram, fleet.md §5)."""
         self.wall: WallClock = wall or SystemClock()
         self.on_left = on_left
+        # Each chat's story (GET /status/chats/{id}): the store's changes, alerts, sweeps.
+        self.timelines = timelines if timelines is not None else Timelines()
         self.store = store
         # The chats' part of the state file: the last record of each chat, flushed later.
         self.chat_rows = db.part(ChatRows) if db is not None else None
@@ -96,8 +104,9 @@ class Detector:
             wall=self.wall,
             counters=self.counters,
             incidents=Incidents(enabled=inc.enabled, min_chats=inc.min_chats),
+            timelines=timelines,
         )
-        self.renderer = Renderer(link_template=link_template)
+        self.renderer = Renderer(link_template=link_template, external_url=external_url)
         self.confirming = Confirming(
             store=store,
             timers=self.timers,
@@ -109,6 +118,7 @@ class Detector:
             confirm_rate=confirm_rate,
             listing_threshold=listing_threshold,
             chat_failed=chat_failed,
+            timelines=self.timelines,
         )
         # The ledger's tables, under the names the daemon's view and the sweeper read.
         self.firing = self.ledger.firing
@@ -118,25 +128,18 @@ class Detector:
         self._next_wake = 0.0  # wall time the loop will look at the heap next
         self._unknown_statuses: set[str] = set()
 
-    def retune(
-        self,
-        *,
-        confirm_rate: float,
-        listing_threshold: int,
-        chat_failed: bool,
-        link_template: str,
-        incidents: IncidentsConfig | None = None,
-    ) -> None:
+    def retune(self, config: Config) -> None:
         """A reload's new detection settings, for every identity from now on."""
-        self.chat_failed = self.confirming.chat_failed = chat_failed
-        self.confirming.confirm_rate = confirm_rate
-        self.confirming.listing_threshold = listing_threshold
-        self.renderer.link_template = link_template
-        if incidents is not None:
-            self.ledger.incidents.retune(
-                enabled=incidents.enabled, min_chats=incidents.min_chats, firing=self.firing
-            )
-            self.ledger.settle_incidents()
+        detection, incidents = config.detection, config.incidents
+        self.chat_failed = self.confirming.chat_failed = detection.chat_failed
+        self.confirming.confirm_rate = detection.confirm_rate
+        self.confirming.listing_threshold = detection.confirm_listing_threshold
+        self.renderer.link_template = config.chat_link_template
+        self.renderer.external_url = config.server.external_url
+        self.ledger.incidents.retune(
+            enabled=incidents.enabled, min_chats=incidents.min_chats, firing=self.firing
+        )
+        self.ledger.settle_incidents()
 
     # -- identities ---------------------------------------------------------------
 
@@ -204,9 +207,12 @@ class Detector:
         # the order of their last changes; a tombstone first arms what its chat had
         # pending, which was armed before its alerts resolved. The loop is woken once,
         # after the whole batch is armed.
+        w = self.watched.get(identity)
+        changes = changes if isinstance(changes, list | tuple) else list(changes)
+        now = w.health.server_clock.now() if w is not None else self.wall.now()
+        self.timelines.changes(identity, changes, now=now)
         db = self.chat_rows
         by_chat = self.ledger.by_chat
-        w = self.watched.get(identity)
         invalid = self.ledger.invalid
         unknown = self._unknown_statuses
         latest: dict[str, ChatRecord] = {}
@@ -350,11 +356,15 @@ class Detector:
     async def run(self) -> None:
         """Fire due timers, tick identity health; sleeps until the next deadline (≤1 s)."""
         try:
+            prune_at = 0.0
             while True:
                 now = self.wall.now()
                 for due in self.timers.pop_due(now):
                     self._due(due.key)
                 self._health_tick()
+                if now >= prune_at:  # timelines of chats quiet for a day go
+                    self.timelines.prune(now)
+                    prune_at = now + PRUNE_EVERY
                 nxt = self.timers.next_deadline()
                 timeout = 1.0 if nxt is None else max(0.0, min(1.0, nxt - now))
                 self._next_wake = now + timeout

@@ -23,6 +23,7 @@ from typing import Any, get_args
 import orjson
 
 from watchd.alerting.model import Alert, AlertSink, resolution
+from watchd.detection import telling
 from watchd.detection.alerts import recaused, said_invalid
 from watchd.detection.budgets import ChatVerdict
 from watchd.detection.incidents import Incidents
@@ -31,6 +32,7 @@ from watchd.kits import logs
 from watchd.kits.clock import WallClock
 from watchd.store.records import ChatRecord
 from watchd.store.sqlite import Part, StateFile, dumps
+from watchd.store.timelines import Timelines
 
 log = logs.get("watchd.detection")
 
@@ -134,8 +136,11 @@ class Ledger:
         wall: WallClock,
         counters: dict[str, int],
         incidents: Incidents | None = None,
+        timelines: Timelines | None = None,
     ) -> None:
         self.sink = sink
+        # Each chat's story: alerts fired and resolved, causes that moved, sweep actions.
+        self.timelines = timelines
         self.stored = db.part(StoredAlerts) if db is not None else None
         self.timers = timers
         self.wall = wall
@@ -201,6 +206,8 @@ class Ledger:
             )
         self.sink.put(alert)
         self.incidents.join(alert)
+        if self.timelines is not None and chat_id:
+            telling.fired(self.timelines, alert, identity, chat_id)
 
     def _save(self, alert: Alert, identity: str, chat_id: str | None) -> None:
         if self.stored is not None:
@@ -275,6 +282,8 @@ class Ledger:
             updated = recaused(alert, rec)
             if updated is not alert:
                 self._resay(updated, rec.identity, rec.chat_id)
+                if self.timelines is not None:
+                    telling.recaused(self.timelines, alert, updated, rec, at=self.wall.now())
         self.settle_incidents()
 
     def _resay(self, alert: Alert, identity: str, chat_id: str | None) -> None:
@@ -331,6 +340,8 @@ class Ledger:
             reason=why,
         )
         self.sink.put(resolved)
+        if chat and self.timelines is not None:
+            telling.resolved(self.timelines, resolved, why=why)
         self.settle_incidents()
 
     def hand_over(self, name: str) -> list[str]:

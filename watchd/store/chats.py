@@ -115,6 +115,13 @@ class ChatStore:
     def get(self, identity: str, chat_id: str) -> ChatRecord | None:
         return self._by_identity.get(identity, {}).get(chat_id)
 
+    def identity_of(self, chat_id: str) -> str | None:
+        """The identity a chat belongs to (a look in each identity's table), or None."""
+        for identity, recs in self._by_identity.items():
+            if chat_id in recs:
+                return identity
+        return None
+
     def records(self, identity: str | None = None) -> Iterator[ChatRecord]:
         if identity is not None:
             yield from list(self._by_identity.get(identity, {}).values())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from watchd.kits import logs
@@ -43,8 +44,11 @@ class SpanPipeline:
         self.by_name: Counter[str] = Counter()
         self.by_source: Counter[str] = Counter()
         self.batches = 0
-        # The agents' forwarded events as metrics (watchd's own traffic is not counted).
+        # The agents' forwarded events as metrics (watchd's own traffic is not counted),
+        # and to whoever else wants them (the daemon: each chat's timeline), with the
+        # event's own time in seconds.
         self.agents = AgentSignals()
+        self.on_forwarded: Callable[[dict[str, Any], float], None] | None = None
 
     def snapshot(self) -> dict[str, Any]:
         """The pipeline's counts as plain data (``/status`` and ``/metrics`` read this)."""
@@ -100,6 +104,13 @@ class SpanPipeline:
     def _convert(self, source: object, event: object) -> None:
         if isinstance(source, EventSource) and not source.own and isinstance(event, dict):
             self.agents.observe(event)
+            if self.on_forwarded is not None:
+                ts = event.get("timestamp")
+                at = ts / 1000.0 if isinstance(ts, int | float) else time.time()
+                try:
+                    self.on_forwarded(event, at)
+                except Exception:
+                    log.exception("transport.observer_failed")
         try:
             records = self.converter.feed(source, event)  # type: ignore[arg-type]
         except Exception:

@@ -56,6 +56,12 @@ class Notification:
     truncated: int = 0
 
     @property
+    def status_url(self) -> str:
+        """The status page's URL under ``server.external_url`` (the base people reach
+        watchd at), or "" without one."""
+        return f"{self.external_url}/status" if self.external_url else ""
+
+    @property
     def firing(self) -> list[Alert]:
         return [a for a in self.alerts if a.firing]
 

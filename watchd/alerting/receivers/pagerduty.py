@@ -45,9 +45,7 @@ def events(n: Notification, *, routing_key: str, default_severity: str) -> list[
     incident, ``dedup_key`` its fingerprint: the same on every replica and after a
     restart), and one for the group's other alerts, if any."""
     incidents = [a for a in n.alerts if a.name == INCIDENT]
-    out = [
-        incident_event(a, routing_key=routing_key, external_url=n.external_url) for a in incidents
-    ]
+    out = [incident_event(a, routing_key=routing_key, status_url=n.status_url) for a in incidents]
     if len(incidents) < len(n.alerts):
         rest = (
             n
@@ -58,7 +56,7 @@ def events(n: Notification, *, routing_key: str, default_severity: str) -> list[
     return out
 
 
-def incident_event(a: Alert, *, routing_key: str, external_url: str = "") -> dict[str, Any]:
+def incident_event(a: Alert, *, routing_key: str, status_url: str = "") -> dict[str, Any]:
     """A FleetIncident as one PagerDuty incident: the cause, the count, the identities,
     the member ids and the fix in ``custom_details``, the first members as links."""
     key = a.fingerprint
@@ -99,8 +97,8 @@ def incident_event(a: Alert, *, routing_key: str, external_url: str = "") -> dic
             if link and link != "-"
         ],
     }
-    if external_url:
-        body["client_url"] = external_url
+    if status_url:
+        body["client_url"] = status_url
     while len(dumps(body)) > EVENT_LIMIT and details["chats"]:
         details["chats"] = details["chats"][: len(details["chats"]) // 2]
         details["chats_truncated"] = True
@@ -137,6 +135,7 @@ def event(n: Notification, *, routing_key: str, default_severity: str) -> dict[s
                 "time_in_status": a.annotations.get("time_in_status", ""),
                 "hint": a.annotations.get("hint", ""),
                 "link": a.annotations.get("link", ""),
+                "timeline": a.annotations.get("timeline", ""),
             }
             for a in firing
         ],
@@ -157,13 +156,14 @@ def event(n: Notification, *, routing_key: str, default_severity: str) -> dict[s
             "custom_details": details,
         },
         "links": [
-            {"href": a.annotations["link"], "text": a.annotations.get("title", "chat")[:100]}
+            {"href": href, "text": f"{text}{a.annotations.get('title', 'chat')}"[:100]}
             for a in firing[:LINKS]
-            if a.annotations.get("link")
-        ],
+            for key, text in (("link", ""), ("timeline", "timeline: "))
+            if (href := a.annotations.get(key))
+        ][:LINKS],
     }
-    if n.external_url:
-        body["client_url"] = n.external_url
+    if n.status_url:
+        body["client_url"] = n.status_url
     while len(dumps(body)) > EVENT_LIMIT and details["chats"]:
         details["chats"] = details["chats"][: len(details["chats"]) // 2]
         details["chats_truncated"] = True

@@ -67,7 +67,7 @@ def am_alert(a: Alert, *, generator_url: str) -> dict[str, Any]:
 
 def webhook_body(n: Notification) -> dict[str, Any]:
     """Alertmanager's webhook payload, version 4."""
-    url = n.external_url
+    url = n.status_url
     return {
         "version": "4",
         "groupKey": n.group_key,
@@ -78,7 +78,10 @@ def webhook_body(n: Notification) -> dict[str, Any]:
         "commonLabels": n.common_labels(),
         "commonAnnotations": n.common_annotations(),
         "externalURL": n.external_url,
-        "alerts": [am_alert(a, generator_url=url) for a in n.alerts],
+        # An alert's generatorURL: its chat's timeline, else the status page.
+        "alerts": [
+            am_alert(a, generator_url=a.annotations.get("timeline") or url) for a in n.alerts
+        ],
     }
 
 
@@ -190,7 +193,7 @@ class AlertmanagerNotifier:
                 "labels": dict(a.labels),
                 "annotations": dict(a.annotations),
                 "startsAt": rfc3339(a.starts_at),
-                "generatorURL": n.external_url or "http://watchd/",
+                "generatorURL": a.annotations.get("timeline") or n.status_url or "http://watchd/",
             }
             item["endsAt"] = rfc3339(a.ends_at if a.ends_at is not None else horizon)
             body.append(item)

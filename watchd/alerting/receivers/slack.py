@@ -132,6 +132,9 @@ def _line(a: Alert, *, shown: int = 10) -> str:
         detail = escape(ann.get("summary", ""))
     if not a.firing:
         detail = "resolved · " + detail
+    timeline = ann.get("timeline", "")
+    if timeline and _linkable(timeline):
+        detail += f" · <{timeline}|timeline>"
     line = f"• {head} — {detail}"
     if a.firing and ann.get("hint"):
         line += f"\n   _{escape(cut(ann['hint'], 300))}_"
@@ -173,11 +176,11 @@ def message(n: Notification, *, max_chats: int) -> dict[str, Any]:
         blocks.append(
             {"type": "context", "elements": [{"type": "mrkdwn", "text": f"+{more} more"}]}
         )
-    if n.external_url:
+    if n.status_url:
         blocks.append(
             {
                 "type": "context",
-                "elements": [{"type": "mrkdwn", "text": f"<{n.external_url}|watchd status>"}],
+                "elements": [{"type": "mrkdwn", "text": f"<{n.status_url}|watchd status>"}],
             }
         )
     shown_alerts = firing or resolved

@@ -1,0 +1,146 @@
+"""Each chat's timeline (fleet.md §4): its entries, its bounds, and no secret in it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from watchd.coder.observing import ChatId, Observation
+from watchd.config.fields import ConfigError
+from watchd.config.loading import parse_config
+from watchd.store.chats import ChatStore
+from watchd.store.timelines import Timelines, describe
+
+
+def _store_and_timelines(**kw: object) -> tuple[ChatStore, Timelines]:
+    store = ChatStore()
+    return store, Timelines(identity_of=store.identity_of, **kw)  # type: ignore[arg-type]
+
+
+def see(store: ChatStore, tl: Timelines, status: str, at: float, *, via: str = "watch") -> None:
+    chat = Observation(id=ChatId("c1"), status=status, updated_at=at, title="t")
+    change = store.observe("a", chat, now=at, via=via, kind="status_change")
+    if change is not None:
+        tl.changes("a", [change], now=at)
+
+
+def test_transitions_carry_their_server_stamp_and_how_they_were_learned() -> None:
+    """A chat created on the stream, moved on the stream, then moved in a listing: three
+    entries at the server's stamps, sourced stream, stream, listing; a refresh adds none."""
+    store, tl = _store_and_timelines()
+    see(store, tl, "pending", 1000.0)
+    see(store, tl, "running", 1010.0)
+    see(store, tl, "running", 1011.0, via="listing")  # progress only
+    see(store, tl, "waiting", 1500.0, via="listing")
+    found = tl.get("c1")
+    assert found is not None
+    identity, entries, dropped = found
+    assert identity == "a" and dropped == 0
+    assert [(e[0], e[1], e[3]) for e in entries] == [
+        (1000.0, "stream", "pending"),
+        (1010.0, "stream", "running"),
+        (entries[2][0], "listing", "waiting"),
+    ]
+    assert entries[1][2] == "pending → running"
+
+
+def test_at_most_200_entries_per_chat_the_oldest_dropped_and_counted() -> None:
+    """250 entries keep the newest 200, oldest first; the 50 dropped are counted on the
+    chat and in the snapshot."""
+    tl = Timelines()
+    for i in range(250):
+        tl.add("c1", "a", float(i), "transport", f"e{i}")
+    found = tl.get("c1")
+    assert found is not None
+    _, entries, dropped = found
+    assert len(entries) == 200 and dropped == 50
+    assert entries[0][2] == "e50" and entries[-1][2] == "e249"
+    assert tl.snapshot()["entries_dropped"] == 50
+
+
+def test_chats_are_bounded_by_recency_and_forgotten_after_a_day() -> None:
+    """Past max_chats the least recently touched timeline goes (counted); prune forgets
+    timelines whose last entry is over 24 h old, keeps the others."""
+    tl = Timelines(max_chats=3)
+    for c in ("c1", "c2", "c3"):
+        tl.add(c, "a", 100.0, "stream", "x")
+    tl.add("c1", "a", 200.0, "stream", "y")  # c1 touched: c2 is now the oldest
+    tl.add("c4", "a", 300.0, "stream", "z")
+    assert tl.get("c2") is None and tl.get("c1") is not None
+    assert tl.snapshot()["chats_dropped"] == 1
+    assert tl.prune(86_400.0 + 150.0) == 1  # c3 (last 100) goes; c1 (200), c4 (300) stay
+    assert tl.get("c3") is None and len(tl) == 2
+
+
+def test_transport_events_land_on_known_chats_only_and_never_carry_secrets() -> None:
+    """An event naming a chat watchd knows (chatId, or /chats/<id> in an http path) is
+    one entry, summarised from typed fields: no query string, no headers, no error
+    text, no close reason; an event for an unknown chat adds nothing."""
+    store, tl = _store_and_timelines()
+    see(store, tl, "running", 1000.0, via="listing")
+    assert tl.get("c1") is None  # first seen in a listing: nothing recorded
+    tl.transport({"type": "ws:redial", "chatId": "c1", "attempt": 3, "reason": "tok=SECRET"}, 1001)
+    tl.transport(
+        {
+            "type": "http:response",
+            "id": 1,
+            "method": "GET",
+            "path": "/api/v2/chats/c1/stream?token=SECRET",
+            "status": 503,
+            "durationMs": 1500,
+        },
+        1002,
+    )
+    tl.transport({"type": "segment:settle", "chatId": "c1", "error": {"message": "SECRET"}}, 1003)
+    tl.transport({"type": "ws:open", "chatId": "elsewhere", "attempt": 1}, 1004)
+    found = tl.get("c1")
+    assert found is not None
+    texts = [e[2] for e in found[1]]
+    assert texts == [
+        "ws:redial attempt=3",
+        "http:response status=503 GET /api/v2/chats/c1/stream 1.5s",
+        "segment:settle error",
+    ]
+    assert all("SECRET" not in t for t in texts)
+    assert tl.get("elsewhere") is None
+    assert describe({"type": "ws:close", "code": 1006, "reason": "x"}) == "ws:close code=1006"
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("watchd.example.com", "not an http(s) URL"),
+        ("https://u:p@watchd.example.com", "credentials in URLs"),
+        ("https://watchd.example.com/?x=1", "query or fragment"),
+        ("https://watchd.example.com/status", "ends in /status"),
+    ],
+)
+def test_external_url_is_validated(tmp_path: Path, url: str, words: str) -> None:
+    """server.external_url must be a base http(s) URL: the error says what is wrong."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            {
+                "identities": [{"name": "a", "url": "https://c.test", "token_env": "T"}],
+                "state_dir": str(tmp_path),
+                "server": {"external_url": url},
+            }
+        )
+    assert words in str(err.value)
+
+
+def test_agent_evidence_says_a_redial_storm_and_a_silent_open_stream() -> None:
+    """Four redials in the last 5 min and an open stream quiet for 14 min are said in
+    words; old redials, a short quiet and a closed stream are not."""
+    tl = Timelines()
+    for i, at in enumerate((100.0, 1000.0, 1010.0, 1020.0, 1030.0)):
+        tl.add("c1", "a", at, "transport", f"ws:redial attempt={i}")
+    tl.add("c1", "a", 1040.0, "transport", "ws:open attempt=5")
+    said = tl.agent_said("c1", now=1040.0 + 14 * 60)
+    assert "redialled" not in said  # the window has moved past them by then
+    assert said == "the agent's stream has been open and silent for 14 min (last event: ws:open)"
+    said = tl.agent_said("c1", now=1100.0)
+    assert said == "the agent redialled its stream 4 times in the last 5 min"
+    tl.add("c1", "a", 1200.0, "transport", "ws:close code=1006")
+    assert tl.agent_said("c1", now=5000.0) == ""
+    assert tl.agent_said("nobody", now=5000.0) == ""

@@ -1,0 +1,227 @@
+"""What watchd knows of one chat, oldest first: its timeline (fleet.md §4).
+
+Entries come from every part that learns something about a chat: the store's changes
+(a transition and how it was learned: stream, listing or confirmation read), the
+ledger (alerts fired and resolved, with fingerprints; a cause that moved), the sweep
+(its actions) and the agents' forwarded transport events that name the chat. The
+chat's current state (status, clock, verdict) is not an entry: the endpoint reads it
+from the store and the ledger when asked, so a chat that never moved costs nothing here.
+
+Bounded three ways, every drop counted: at most ``MAX_ENTRIES`` per chat (the oldest
+go, counted in the chat's ``dropped``), chats whose last entry is older than ``KEEP``
+are forgotten (:meth:`Timelines.prune`), and at most ``max_chats`` chats (the store's
+bound; the least recently touched go first). An entry is a tuple of the server time,
+the source, the words and the status, and the words never hold a token: transport
+events are summarised from their typed fields (kind, attempt, code, status, duration),
+never copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+from watchd.store.records import Change
+
+Source = Literal["stream", "listing", "confirmation", "diagnosis", "alert", "sweep", "transport"]
+Entry = tuple[float, str, str, str | None]  # (server time, source, what, status)
+
+MAX_ENTRIES = 200
+KEEP = 24 * 3600.0
+VIA: dict[str, Source] = {"watch": "stream", "listing": "listing", "confirm": "confirmation"}
+
+
+class _Timeline:
+    __slots__ = ("dropped", "entries", "identity", "last")
+
+    def __init__(self, identity: str) -> None:
+        self.identity = identity
+        self.entries: list[Entry] = []
+        self.dropped = 0
+        self.last = 0.0
+
+
+class Timelines:
+    """Every chat's timeline, by chat id (chat ids are unique across identities)."""
+
+    def __init__(
+        self,
+        *,
+        max_chats: int = 1_000_000,
+        max_entries: int = MAX_ENTRIES,
+        keep: float = KEEP,
+        identity_of: Callable[[str], str | None] | None = None,
+    ) -> None:
+        """``identity_of(chat_id)``: the identity a chat watchd knows belongs to (the
+        store's answer), else None: transport events name only the chat."""
+        self.max_chats = max_chats
+        self.max_entries = max_entries
+        self.keep = keep
+        self.identity_of = identity_of
+        self._by_chat: dict[str, _Timeline] = {}
+        self.entries_dropped = 0  # cut from a chat's timeline at MAX_ENTRIES
+        self.chats_dropped = 0  # whole timelines forgotten at max_chats
+
+    def __len__(self) -> int:
+        return len(self._by_chat)
+
+    def add(
+        self,
+        chat_id: str,
+        identity: str,
+        at: float,
+        source: Source,
+        what: str,
+        *,
+        status: str | None = None,
+    ) -> None:
+        by_chat = self._by_chat
+        t = by_chat.pop(chat_id, None)  # re-inserted last: the dict's order is recency
+        if t is None:
+            if len(by_chat) >= self.max_chats:
+                del by_chat[next(iter(by_chat))]
+                self.chats_dropped += 1
+            t = _Timeline(identity)
+        by_chat[chat_id] = t
+        entries = t.entries
+        entries.append((at, source, what, status))
+        if len(entries) > 1 and at < entries[-2][0]:
+            entries.sort(key=_at)  # a late stamp (a listing's) goes where it belongs
+        if len(entries) > self.max_entries:
+            del entries[0]
+            t.dropped += 1
+            self.entries_dropped += 1
+        t.last = max(t.last, at)
+
+    def changes(self, identity: str, changes: Iterable[Change], *, now: float) -> None:
+        """The store's changes: transitions (and re-entries), chats created on the
+        stream, chats gone. A chat first seen in a listing adds nothing (its record says
+        it); refreshes (progress, a title) add nothing. ``now``: the identity's server
+        time, for what has no stamp of its own (a chat gone)."""
+        for change in changes:
+            kind = change.kind
+            rec = change.record
+            source = VIA.get(change.via, "listing")
+            if kind == "transition":
+                prev = change.previous
+                was = prev.status if prev is not None else "?"
+                what = (
+                    f"{was} → {rec.status}"
+                    if was != rec.status
+                    else f"left and re-entered {rec.status} (a round trip the stream did not send)"
+                )
+                if rec.clock == "synthesized":
+                    what += "; found by a listing, clock from updated_at (a lower bound)"
+                self.add(rec.chat_id, identity, rec.since, source, what, status=rec.status)
+            elif kind == "new" and source == "stream":
+                what = f"created: {rec.status}"
+                self.add(rec.chat_id, identity, rec.since, source, what, status=rec.status)
+            elif kind == "tombstone":
+                self.add(rec.chat_id, identity, now, source, f"gone: {change.reason}")
+
+    def transport(self, event: dict[str, object], at: float) -> None:
+        """A forwarded transport event: one entry on the timeline of the chat it names
+        (``chatId``, or ``/chats/<id>`` in an ``http:*`` path), if watchd knows that chat."""
+        chat_id = event.get("chatId")
+        if not isinstance(chat_id, str) or not chat_id:
+            chat_id = _chat_in_path(event.get("path"))
+            if chat_id is None:
+                return
+        t = self._by_chat.get(chat_id)
+        identity = t.identity if t is not None else None
+        if identity is None and self.identity_of is not None:
+            identity = self.identity_of(chat_id)
+        if identity is None:
+            return
+        self.add(chat_id, identity, at, "transport", describe(event))
+
+    def get(self, chat_id: str) -> tuple[str, list[Entry], int] | None:
+        """(identity, entries oldest first, entries dropped), or None."""
+        t = self._by_chat.get(chat_id)
+        return None if t is None else (t.identity, list(t.entries), t.dropped)
+
+    def agent_said(self, chat_id: str, *, now: float) -> str:
+        """:func:`agent_evidence` for one chat ("" for a chat with no timeline)."""
+        t = self._by_chat.get(chat_id)
+        return agent_evidence(t.entries, now) if t is not None else ""
+
+    def prune(self, now: float) -> int:
+        """Forget the timelines whose last entry is older than ``keep`` (server time)."""
+        cutoff = now - self.keep
+        old = [c for c, t in self._by_chat.items() if t.last < cutoff]
+        for c in old:
+            del self._by_chat[c]
+        return len(old)
+
+    def snapshot(self) -> dict[str, int]:
+        return {
+            "chats": len(self._by_chat),
+            "entries_dropped": self.entries_dropped,
+            "chats_dropped": self.chats_dropped,
+        }
+
+
+def _at(e: Entry) -> float:
+    return e[0]
+
+
+def _chat_in_path(path: object) -> str | None:
+    if not isinstance(path, str):
+        return None
+    _, sep, rest = path.partition("/chats/")
+    if not sep:
+        return None
+    chat = rest.split("/", 1)[0].split("?", 1)[0]
+    return chat or None
+
+
+def describe(event: dict[str, object]) -> str:
+    """An event in words, from its typed fields only (never a header, body or URL's
+    query: a token must not reach a timeline)."""
+    kind = str(event.get("type", "?"))
+    parts = [kind]
+    for key in ("attempt", "segment", "code", "status", "finishReason"):
+        value = event.get(key)
+        if isinstance(value, int | float | str) and not isinstance(value, bool):
+            parts.append(f"{key}={str(value)[:40]}")
+    if isinstance(event.get("method"), str) and isinstance(event.get("path"), str):
+        path = str(event["path"]).split("?", 1)[0]
+        parts.append(f"{str(event['method'])[:8]} {path[:120]}")
+    ms = event.get("durationMs")
+    if isinstance(ms, int | float) and not isinstance(ms, bool):
+        parts.append(f"{ms / 1000:.1f}s")
+    if event.get("error"):
+        parts.append("error")
+    return " ".join(parts)
+
+
+SILENT_AFTER = 120.0  # an open stream quiet this long is worth saying
+REDIALS_WINDOW = 300.0
+REDIALS_SAID = 3
+_OPEN = ("ws:open", "ws:event", "segment:start")
+
+
+def agent_evidence(entries: list[Entry], now: float) -> str:
+    """What the agent's forwarded events say about a stuck chat, in words ("" when they
+    say nothing): a storm of redials, or a stream open and silent. Evidence for the hint
+    and the timeline, never a ground for firing."""
+    transport = [e for e in entries if e[1] == "transport"]
+    if not transport:
+        return ""
+    said = []
+    redials = sum(
+        1
+        for at, _, what, _ in transport
+        if what.startswith("ws:redial") and now - at <= REDIALS_WINDOW
+    )
+    if redials >= REDIALS_SAID:
+        said.append(f"the agent redialled its stream {redials} times in the last 5 min")
+    at, _, what, _ = transport[-1]
+    quiet = now - at
+    if what.startswith(_OPEN) and quiet >= SILENT_AFTER:
+        minutes = int(quiet // 60)
+        said.append(
+            f"the agent's stream has been open and silent for {minutes} min "
+            f"(last event: {what.split(' ', 1)[0]})"
+        )
+    return "; ".join(said)
