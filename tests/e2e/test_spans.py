@@ -284,3 +284,36 @@ async def test_otlp_http_configured_by_otel_env(
         assert receiver.named("chat.segment")[0].resource["service.name"] == "billing-agent"
     finally:
         await receiver.stop()
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sdk-events"
+
+
+async def test_every_sdk_versions_fixture_exports_its_spans(
+    otlp: OtlpReceiver, start_sim: StartSim, start_daemon: StartDaemon
+) -> None:
+    """The 0.6.1, 0.6.3 and 0.7.0 fixtures, posted as NDJSON to the real daemon, are all
+    accepted and each becomes its six spans at a real OTLP receiver."""
+    sim = start_sim()
+    d = start_daemon(sim, extra=telemetry(otlp))
+    await d.wait_ready()
+    for i, version in enumerate(("0.6.1", "0.6.3", "0.7.0")):
+        status, body = await post(
+            d,
+            (FIXTURES / f"{version}.ndjson").read_bytes(),
+            content_type="application/x-ndjson",
+            query=f"?service=agent-{version}&instance=pod-{i}",
+        )
+        assert status == 202, body
+
+    def by_version() -> dict[str, int]:
+        got: dict[str, int] = {}
+        for s in otlp.spans:
+            svc = s.resource.get("service.name", "")
+            if svc.startswith("agent-"):
+                got[svc] = got.get(svc, 0) + 1
+        return got
+
+    await eventually(
+        lambda: by_version() == {f"agent-{v}": 6 for v in ("0.6.1", "0.6.3", "0.7.0")}, within=15
+    )
