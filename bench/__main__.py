@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import admission, cases, statuspage, tail
+from bench import admission, cases, statuspage, tail, timelines
 
 
 def median_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -46,7 +46,7 @@ def main() -> None:
         "--only",
         default="",
         help="comma list: footprint,throughput,scale,identities,reconcile,latency,spans,"
-        "ingest,status,tail,admission,incidents",
+        "ingest,status,tail,admission,incidents,timelines",
     )
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
@@ -66,6 +66,8 @@ def main() -> None:
         ("tail", lambda: tail.tail(1_000 if q else 10_000)),
         ("admission", lambda: admission.admission(50, 2_000 if q else 10_000)),
         ("incidents", lambda: cases.incident_burst(1_000 if q else 10_000)),
+        ("timelines", lambda: timelines.timeline_rss(10_000 if q else 100_000)),
+        ("timelines", lambda: timelines.pipeline_rate(20_000 if q else 200_000)),
     ]
     only = set(filter(None, args.only.split(",")))
     rows: list[dict[str, Any]] = []

@@ -18,6 +18,7 @@ never copied.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Callable, Iterable
 from typing import Literal
 
@@ -32,13 +33,14 @@ VIA: dict[str, Source] = {"watch": "stream", "listing": "listing", "confirm": "c
 
 
 class _Timeline:
-    __slots__ = ("dropped", "entries", "identity", "last")
+    __slots__ = ("dropped", "entries", "heard", "identity", "last")
 
     def __init__(self, identity: str) -> None:
         self.identity = identity
         self.entries: list[Entry] = []
         self.dropped = 0
         self.last = 0.0
+        self.heard = 0.0  # the agent's last stream frame (ws:event: not an entry)
 
 
 class Timelines:
@@ -84,9 +86,11 @@ class Timelines:
             t = _Timeline(identity)
         by_chat[chat_id] = t
         entries = t.entries
-        entries.append((at, source, what, status))
-        if len(entries) > 1 and at < entries[-2][0]:
-            entries.sort(key=_at)  # a late stamp (a listing's) goes where it belongs
+        entry = (at, source, what, status)
+        if entries and at < entries[-1][0]:
+            insort(entries, entry, key=_at)  # a late stamp (a listing's) where it belongs
+        else:
+            entries.append(entry)
         if len(entries) > self.max_entries:
             del entries[0]
             t.dropped += 1
@@ -121,12 +125,24 @@ class Timelines:
 
     def transport(self, event: dict[str, object], at: float) -> None:
         """A forwarded transport event: one entry on the timeline of the chat it names
-        (``chatId``, or ``/chats/<id>`` in an ``http:*`` path), if watchd knows that chat."""
+        (``chatId``, or ``/chats/<id>`` in an ``http:*`` path), if watchd knows that chat.
+        Two kinds are not entries: ``ws:event`` (a stream's frames, hundreds a turn: only
+        the last one's time is kept, for the silence evidence) and ``http:request`` (its
+        ``http:response`` or ``http:error`` says the same, with the outcome)."""
+        kind = event.get("type")
         chat_id = event.get("chatId")
-        if not isinstance(chat_id, str) or not chat_id:
+        if kind == "ws:event":
+            t = self._by_chat.get(chat_id) if chat_id.__class__ is str else None
+            if t is not None and at > t.heard:
+                t.heard = at
+            return
+        if kind == "http:request":
+            return
+        if chat_id.__class__ is not str or not chat_id:
             chat_id = _chat_in_path(event.get("path"))
             if chat_id is None:
                 return
+        assert isinstance(chat_id, str)
         t = self._by_chat.get(chat_id)
         identity = t.identity if t is not None else None
         if identity is None and self.identity_of is not None:
@@ -143,7 +159,7 @@ class Timelines:
     def agent_said(self, chat_id: str, *, now: float) -> str:
         """:func:`agent_evidence` for one chat ("" for a chat with no timeline)."""
         t = self._by_chat.get(chat_id)
-        return agent_evidence(t.entries, now) if t is not None else ""
+        return agent_evidence(t.entries, now, heard=t.heard) if t is not None else ""
 
     def prune(self, now: float) -> int:
         """Forget the timelines whose last entry is older than ``keep`` (server time)."""
@@ -175,22 +191,27 @@ def _chat_in_path(path: object) -> str | None:
     return chat or None
 
 
+_SAID = ("attempt", "segment", "code", "status", "finishReason")
+_PLAIN = (int, float, str)
+
+
 def describe(event: dict[str, object]) -> str:
     """An event in words, from its typed fields only (never a header, body or URL's
     query: a token must not reach a timeline)."""
-    kind = str(event.get("type", "?"))
-    parts = [kind]
-    for key in ("attempt", "segment", "code", "status", "finishReason"):
-        value = event.get(key)
-        if isinstance(value, int | float | str) and not isinstance(value, bool):
-            parts.append(f"{key}={str(value)[:40]}")
-    if isinstance(event.get("method"), str) and isinstance(event.get("path"), str):
-        path = str(event["path"]).split("?", 1)[0]
-        parts.append(f"{str(event['method'])[:8]} {path[:120]}")
-    ms = event.get("durationMs")
-    if isinstance(ms, int | float) and not isinstance(ms, bool):
+    get = event.get
+    kind = get("type")
+    parts = [kind if kind.__class__ is str else "?"]
+    for key in _SAID:
+        value = get(key)
+        if value is not None and value.__class__ in _PLAIN:
+            parts.append(f"{key}={value}"[:60])
+    method, path = get("method"), get("path")
+    if method.__class__ is str and path.__class__ is str:
+        parts.append(f"{method} {path.partition('?')[0]}"[:130])
+    ms = get("durationMs")
+    if ms is not None and ms.__class__ in (int, float):
         parts.append(f"{ms / 1000:.1f}s")
-    if event.get("error"):
+    if get("error"):
         parts.append("error")
     return " ".join(parts)
 
@@ -201,10 +222,11 @@ REDIALS_SAID = 3
 _OPEN = ("ws:open", "ws:event", "segment:start")
 
 
-def agent_evidence(entries: list[Entry], now: float) -> str:
+def agent_evidence(entries: list[Entry], now: float, *, heard: float = 0.0) -> str:
     """What the agent's forwarded events say about a stuck chat, in words ("" when they
-    say nothing): a storm of redials, or a stream open and silent. Evidence for the hint
-    and the timeline, never a ground for firing."""
+    say nothing): a storm of redials, or a stream open and silent (``heard``: the time of
+    its last frame, which is not an entry). Evidence for the hint and the timeline, never a
+    ground for firing."""
     transport = [e for e in entries if e[1] == "transport"]
     if not transport:
         return ""
@@ -217,7 +239,7 @@ def agent_evidence(entries: list[Entry], now: float) -> str:
     if redials >= REDIALS_SAID:
         said.append(f"the agent redialled its stream {redials} times in the last 5 min")
     at, _, what, _ = transport[-1]
-    quiet = now - at
+    quiet = now - max(at, heard)
     if what.startswith(_OPEN) and quiet >= SILENT_AFTER:
         minutes = int(quiet // 60)
         said.append(
