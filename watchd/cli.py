@@ -198,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("sim", help="the Coder simulator alone", parents=common)
     sim.add_argument("--listen", default="127.0.0.1:7080")
-    sim.add_argument("--scenario", default="demo", choices=["empty", "demo", "fleet", "bulk"])
+    sim.add_argument(
+        "--scenario", default="demo", choices=["empty", "demo", "fleet", "bulk", "trees"]
+    )
     sim.add_argument("--users", type=int, default=50, help="bulk scenario: users")
     sim.add_argument("--chats-per-user", type=int, default=2000, help="bulk scenario")
     sim.add_argument("--chat-status", default="waiting", help="bulk scenario: every chat's status")
