@@ -130,8 +130,9 @@ async def test_listChats_under_chat_tree_never_lists_the_root(
     sim: Sim, session: aiohttp.ClientSession
 ) -> None:
     """Rows are the named chats at every depth with their kind (no depth on a row), each
-    embedding only its subagents; the root is never listed. A named chat has no
-    root_chat_id; a single GET adds depth and child_chat_count, never for a subagent."""
+    embedding only its subagents; the root is never listed. A named chat's root_chat_id
+    is its parent (db2sdk.Chat's fallback); a single GET adds depth and child_chat_count,
+    never for a subagent."""
     alice, chats = _tree(sim)
     status, rows = await _call(sim, session, alice, "GET", "/api/v2/chats")
     assert status == 200
@@ -139,8 +140,8 @@ async def test_listChats_under_chat_tree_never_lists_the_root(
     assert "Root" not in by_title and "tree: done/explore" not in by_title
     assert {"tree: shelf", "tree: nested", "tree: busy child"} <= by_title.keys()
     done = by_title["tree: done"]
-    assert done["kind"] == "chat" and "depth" not in done and "root_chat_id" not in done
-    assert done["parent_chat_id"] == chats["Root"].id
+    assert done["kind"] == "chat" and "depth" not in done
+    assert done["parent_chat_id"] == done["root_chat_id"] == chats["Root"].id
     assert [c["title"] for c in done["children"]] == ["tree: done/explore"]
     assert done["children"][0]["root_chat_id"] == chats["tree: done"].id
     assert by_title["tree: busy parent"]["children"] == []
@@ -151,6 +152,7 @@ async def test_listChats_under_chat_tree_never_lists_the_root(
         sim, session, alice, "GET", f"/api/v2/chats/{chats['tree: done/explore'].id}"
     )
     assert (shelf["depth"], shelf["child_chat_count"], nested["depth"]) == (2, 1, 3)
+    assert nested["root_chat_id"] == nested["parent_chat_id"] == chats["tree: shelf"].id
     assert (root["kind"], root["depth"], root["root_chat_id"]) == ("root", 1, chats["Root"].id)
     assert sub["kind"] == "subagent" and "depth" not in sub
 

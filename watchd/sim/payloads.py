@@ -68,8 +68,9 @@ def chat_json(
 ) -> dict[str, Any]:
     """``codersdk.Chat`` as Go's ``encoding/json`` writes it: nil pointers with
     ``omitempty`` are omitted (never ``null``), ``last_turn_summary``/``summary`` are
-    ``null``, ``root_chat_id`` is set (a root's is its own id) except on a named chat
-    under the chat-tree experiment, whose column is NULL; ``queued_for_capacity``
+    ``null``, ``root_chat_id`` is always set (``db2sdk.Chat``: the chat's root, else its
+    parent, else itself, so a named chat under the chat-tree experiment names its
+    parent); ``queued_for_capacity``
     appears only on a single GET and only when true (``bool,omitempty``). Under the
     experiment every chat says its ``kind``, and a single GET of a root or named chat
     attached to a tree adds ``depth`` and ``child_chat_count``
@@ -97,9 +98,9 @@ def chat_json(
         "client_type": chat.client_type,
         "children": [],
     }
-    root = chat.root_id or (chat.id if chat.parent_id is None else None)
-    if root is not None:
-        body["root_chat_id"] = root
+    # db2sdk.Chat: root_chat_id, else parent_chat_id, else the chat's own id. A named chat
+    # under the chat-tree experiment (no root_chat_id of its own) so names its parent.
+    body["root_chat_id"] = chat.root_id or chat.parent_id or chat.id
     if chat.workspace_id is not None:
         body["workspace_id"] = chat.workspace_id
     if chat.parent_id is not None:

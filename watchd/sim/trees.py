@@ -60,7 +60,7 @@ class ChatTrees:
         for chat in self.chats_of(owner.id):
             if chat.parent_id is None and chat.kind != "root":
                 chat.parent_id = root.id
-                chat.root_id = None  # a named chat's root_chat_id stays NULL
+                chat.root_id = None  # a named chat's root_chat_id column stays NULL
                 self._children.setdefault(root.id, []).append(chat.id)
         return root
 
