@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from msgspec.structs import replace as amend
+
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.observing import Observation
@@ -225,6 +227,8 @@ class Sweeper:
                     "workspace",
                 )
             return
+        # The chat as it is now (an interrupt above may have settled it since the read).
+        chat = chat if chat.status == status else amend(chat, status=status)
         await self._archive(entry, rec, policy, chat=chat, client=client)
 
     async def _interrupt(
