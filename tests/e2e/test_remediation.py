@@ -306,3 +306,26 @@ async def test_sweep_under_chat_tree(start_sim: StartSim, start_daemon: StartDae
     # No archive a busy family refuses is sent (a 400 "already archived" can happen: two
     # chats of one subtree matched in one pass).
     assert [m for m in state["mutations"] if m[0] == "archive" and m[2] == 409] == []
+
+
+async def test_chat_tree_cost_high_fires_for_costly_stuck_trees(
+    start_sim: StartSim, start_daemon: StartDaemon
+) -> None:
+    """With cost.threshold_usd 10, the daemon fires ChatTreeCostHigh for alice's $42 stuck
+    tree (read through its subagent) and bob's $12 one, not for bob's $1 one."""
+    sim = start_sim(scenario="trees")
+    cost = {"cost": {"threshold_usd": 10, "interval": "1s"}}
+    d = start_daemon(sim, identities=[("team-a", "alice"), ("team-b", "bob")], extra=cost)
+    await d.wait_ready()
+    ids = {c["title"]: c["id"] for c in (await sim_state(sim))["chats"]}
+
+    async def costly() -> dict[str, dict[str, Any]]:
+        return {a["labels"]["chat_id"]: a for a in await d.firing("ChatTreeCostHigh")}
+
+    got = await eventually(lambda: _len(costly(), 2), within=20)
+    assert set(got) == {ids["tree: costly"], ids["bob: pricey"]}
+    ann = got[ids["tree: costly"]]["annotations"]
+    assert ann["total_cost_usd"] == "42.00" and ann["unpriced_request_count"] == "2"
+    assert ann["runbook_url"] == "docs/runbooks.md#chattreecosthigh"
+    await asyncio.sleep(2)
+    assert ids["bob: cheap"] not in await costly()
