@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     scan = sub.add_parser(
         "scan", help="list every identity's chats once; print stuck ones", parents=common
     )
+    scan.add_argument(
+        "--cost",
+        action="store_true",
+        help="also read what each stuck chat's tree has cost (AI Gateway; bounded)",
+    )
     scan.set_defaults(func=cmd_scan)
 
     demo = sub.add_parser("demo", help="simulator + daemon, console output", parents=common)

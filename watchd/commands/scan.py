@@ -33,6 +33,7 @@ from watchd.kits.clock import ServerClock
 from watchd.kits.redaction import REGISTRY
 from watchd.remediation.policies import compile_policies, match_policy
 from watchd.store.chats import ChatStore
+from watchd.watching.costs import scan_costs
 
 # Diagnosis costs up to three requests per chat; past this many stuck chats per
 # identity the scan reports them without a hint rather than hammer Coder.
@@ -52,6 +53,8 @@ class ScanResult:
     quota: dict[str, Any] | None = None
     stuck: list[dict[str, Any]] = field(default_factory=list)
     sweep: list[dict[str, Any]] = field(default_factory=list)
+    # With --cost: what each stuck chat's tree has cost (None: not asked).
+    costs: list[dict[str, Any]] | None = None
 
 
 async def read_quota(client: CoderClient, config: QuotaConfig) -> dict[str, Any] | None:
@@ -95,7 +98,12 @@ def quota_line(q: dict[str, Any]) -> str:
 
 
 async def scan_identity(
-    config: Config, secrets: ResolvedSecrets, name: str, session: aiohttp.ClientSession
+    config: Config,
+    secrets: ResolvedSecrets,
+    name: str,
+    session: aiohttp.ClientSession,
+    *,
+    cost: bool = False,
 ) -> ScanResult:
     ident = next(i for i in config.identities if i.name == name)
     result = ScanResult(identity=name, deployment=ident.url)
@@ -157,6 +165,12 @@ async def scan_identity(
                 entry["hint"] = f"(diagnosis unavailable: {exc})"
         result.stuck.append(entry)
     result.stuck.sort(key=lambda e: -int(e["time_in_status_seconds"]))
+    if cost:
+        threshold = config.cost.threshold_micros if config.cost.enabled else None
+        past = [e["chat_id"] for e in result.stuck]
+        result.costs = await scan_costs(
+            client, store, name, past, limit=DIAGNOSE_LIMIT, threshold_micros=threshold
+        )
     result.sweep = sweep_preview(config, ident, store, now=now)
     return result
 
@@ -187,11 +201,14 @@ def sweep_preview(
     return out
 
 
-async def scan(config: Config, secrets: ResolvedSecrets) -> list[ScanResult]:
+async def scan(config: Config, secrets: ResolvedSecrets, *, cost: bool = False) -> list[ScanResult]:
     async with aiohttp.ClientSession() as session:
         return list(
             await asyncio.gather(
-                *(scan_identity(config, secrets, i.name, session) for i in config.identities)
+                *(
+                    scan_identity(config, secrets, i.name, session, cost=cost)
+                    for i in config.identities
+                )
             )
         )
 
@@ -224,12 +241,28 @@ def render(results: list[ScanResult]) -> str:
             )
             if s.get("hint"):
                 lines.append(f"      hint: {s['hint']}")
+        lines.extend(cost_lines(r.costs))
         for w in r.sweep:
             lines.append(
                 f"  sweep would {w['would']:<22} {w['status']:<12} "
                 f"{w['title'][:50]!r} (policy {w['policy']})  {w['chat_id']}"
             )
     return "\n".join(lines)
+
+
+def cost_lines(costs: list[dict[str, Any]] | None) -> list[str]:
+    """``--cost``'s lines: each stuck tree's spend, or why it was not read."""
+    out = []
+    for c in costs or []:
+        if "error" in c:
+            out.append(f"  tree cost     {c['error']}  {c['tree']}")
+            continue
+        over = "  OVER cost.threshold_usd" if c["over_threshold"] else ""
+        out.append(
+            f"  tree cost     ${c['total_cost_usd']:,.2f} ({c['request_count']} requests, "
+            f"{c['unpriced_request_count']} unpriced){over}  {c['tree']}"
+        )
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -239,7 +272,7 @@ def main(args: argparse.Namespace) -> int:
     # Tokens only: a receiver's secret has nothing to do with listing chats, and an
     # identity whose token is unavailable is reported while the others are scanned.
     secrets = resolve_secrets(config, receivers=(), server=False, strict=False)
-    results = asyncio.run(scan(config, secrets))
+    results = asyncio.run(scan(config, secrets, cost=getattr(args, "cost", False)))
     # Last line of defence: whatever a server echoed (a token in an error) is scrubbed.
     if args.json:
         print(REGISTRY.scrub(json.dumps({"results": [asdict(r) for r in results]}, indent=1)))
