@@ -26,6 +26,7 @@ from watchd.coder.transport import OversizeResponse, Transport
 from watchd.config.model import Config
 from watchd.config.watching import CostConfig
 from watchd.kits.clock import ServerClock
+from watchd.kits.redaction import REGISTRY
 from watchd.sim.records import SimUser
 from watchd.sim.scenarios import trees as tree_scenario
 from watchd.store.chats import ChatStore
@@ -228,3 +229,24 @@ async def test_cost_reads_are_bounded_per_pass_and_per_minute(
     assert len(first) == 2 and loop.time() - start >= 1.0
     await tc.check()
     assert len(tc.read_at) == 4 and not set(first) & (set(tc.read_at) - set(first))
+
+
+async def test_a_failed_cost_read_says_why_without_the_token(
+    sim: Sim, session: aiohttp.ClientSession
+) -> None:
+    """A server that echoes the request's token into its error: scan --cost's entry says
+    the read failed, and the token (registered, as resolving the config does) is not in
+    it."""
+    tree_scenario(sim.state)
+    bob = sim.state.user("bob")
+    REGISTRY.add(bob.token)
+    client = client_for(sim, bob, session)
+    store = ChatStore()
+    store.apply_listing("alice", await client.list_chats(), now=time.time(), started=time.time())
+    sim.state.faults.echo_token, sim.state.faults.error_rate = True, 1.0
+    ids = [c.id for c in sim.state.chats_of(bob.id)]
+    got = await costs.scan_costs(client, store, "alice", ids, limit=1, threshold_micros=None)
+    assert [e["error"] for e in got][1] == "not read: a scan reads at most 1 trees"
+    said = str(got[0]["error"])
+    assert said.startswith("read failed: GET /api/v2/chats/") and "500" in said
+    assert bob.token not in said
