@@ -84,38 +84,46 @@ def archive_target(chat: Observation) -> str | None:
     return chat.id
 
 
-def descendants(store: ChatStore, identity: str, top: str) -> Iterator[tuple[str, str, str]]:
-    """(chat id, title, status) of every chat under ``top`` the store holds, by parent."""
-    children: dict[str, list[tuple[str, str, str]]] = {}
-    for rec in store.records(identity):
-        if rec.parent_id:
-            children.setdefault(rec.parent_id, []).append((rec.chat_id, rec.title, rec.status))
-    queue, seen = [top], {top}
-    while queue:
-        for member in children.get(queue.pop(), ()):
-            if member[0] not in seen:
-                seen.add(member[0])
-                queue.append(member[0])
-                yield member
+class Kin:
+    """The parent links of one identity's chats as the store holds them, indexed once:
+    make one per sweep pass (the store moves between passes, and a pass may ask about
+    many chats)."""
 
+    def __init__(self, store: ChatStore, identity: str) -> None:
+        self.store, self.identity = store, identity
+        self.children: dict[str, list[tuple[str, str, str]]] = {}
+        for rec in store.records(identity):
+            if rec.parent_id:
+                member = (rec.chat_id, rec.title, rec.status)
+                self.children.setdefault(rec.parent_id, []).append(member)
 
-def blocker_in_store(store: ChatStore, identity: str, chat_id: str) -> Member | None:
-    """The first member of the family an archive of ``chat_id`` would cover that the
-    store shows busy (no reads; a subagent's family is its parent's)."""
-    rec = store.get(identity, chat_id)
-    if rec is None:
+    def descendants(self, top: str) -> Iterator[tuple[str, str, str]]:
+        """(chat id, title, status) of every chat under ``top``, by parent."""
+        queue, seen = [top], {top}
+        while queue:
+            for member in self.children.get(queue.pop(), ()):
+                if member[0] not in seen:
+                    seen.add(member[0])
+                    queue.append(member[0])
+                    yield member
+
+    def blocker(self, chat_id: str) -> Member | None:
+        """The first member of the family an archive of ``chat_id`` would cover that the
+        store shows busy (no reads; a subagent's family is its parent's)."""
+        rec = self.store.get(self.identity, chat_id)
+        if rec is None:
+            return None
+        kind = kind_of(rec.kind, rec.parent_id)
+        if kind == "root":
+            return None
+        top = rec.parent_id if kind == "subagent" and rec.parent_id else chat_id
+        rec = self.store.get(self.identity, top)
+        if rec is not None and rec.status not in ARCHIVABLE:
+            return Member(rec.chat_id, rec.title, rec.status)
+        for member in self.descendants(top):
+            if member[2] not in ARCHIVABLE:
+                return Member(*member)
         return None
-    kind = kind_of(rec.kind, rec.parent_id)
-    if kind == "root":
-        return None
-    top = rec.parent_id if kind == "subagent" and rec.parent_id else chat_id
-    rec = store.get(identity, top)
-    if rec is not None and rec.status not in ARCHIVABLE:
-        return Member(rec.chat_id, rec.title, rec.status)
-    for member in descendants(store, identity, top):
-        if member[2] not in ARCHIVABLE:
-            return Member(*member)
-    return None
 
 
 async def look(client: CoderClient, store: ChatStore, identity: str, chat: Observation) -> Look:
@@ -136,7 +144,7 @@ async def look(client: CoderClient, store: ChatStore, identity: str, chat: Obser
         if c.status not in ARCHIVABLE and not c.archived:
             return Look(target, Member(c.id, c.title, c.status))
     reads = 0
-    for chat_id, title, status in descendants(store, identity, target):
+    for chat_id, title, status in Kin(store, identity).descendants(target):
         if status in ARCHIVABLE or chat_id in fresh:
             continue
         if reads >= MAX_MEMBER_READS:

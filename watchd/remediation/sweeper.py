@@ -23,7 +23,7 @@ from watchd.kits.ratelimit import RateLimiter
 from watchd.remediation.announcing import Ledger, announcement, expire_announcements
 from watchd.remediation.archiving import OWNER_EDITING, archive
 from watchd.remediation.audit import AuditLog
-from watchd.remediation.families import blocker_in_store
+from watchd.remediation.families import Kin, Member
 from watchd.remediation.policies import LEFT_ALONE, compile_policies, match_policy
 from watchd.remediation.progress import SweepEntry, SweepProgress
 from watchd.remediation.recovering import recover
@@ -40,6 +40,9 @@ MAX_ATTEMPTS = 3
 # "healed": reconcile-invalid found the chat consistent again; this episode is over.
 # "owner_editing": left alone for this episode, not a failure.
 TERMINAL = frozenset({"interrupted", "archived", "gave_up", "planned", "healed", "owner_editing"})
+# What /status and watchd_sweep_total count.
+OUTCOMES: tuple[str, ...] = ("planned", "interrupted", "archived", "gave_up", "invalid")
+OUTCOMES += ("reconciled", "healed", "owner_editing", "blocked", "errors")
 # Taken up again on later passes: sent an interrupt, a failure to retry, an archive its
 # family holds up (that one only once the store shows the family idle).
 CONTINUED = ("interrupt_sent", "retry", "blocked")
@@ -78,21 +81,12 @@ class Sweeper:
         self.labels = labels
         # The audit's last lines, for /status (a reload carries them over).
         self.recent = self.audit.recent
-        self.counts = {
-            "planned": 0,
-            "interrupted": 0,
-            "archived": 0,
-            "gave_up": 0,
-            "invalid": 0,
-            "reconciled": 0,
-            "healed": 0,
-            "owner_editing": 0,
-            "blocked": 0,
-            "errors": 0,
-        }
+        self.counts = dict.fromkeys(OUTCOMES, 0)
         self._limiters: dict[str, RateLimiter] = {}
         self._slots = asyncio.Semaphore(config.concurrency)
         self._policies = compile_policies(config)
+        # Each identity's parent links, indexed once per pass (families.Kin).
+        self._kin: dict[str, Kin] = {}
 
     async def run(self) -> None:
         while True:
@@ -101,15 +95,14 @@ class Sweeper:
 
     async def sweep_once(self) -> None:
         expire_announcements(self.ledger, announce_for=self.config.announce_for)
+        self._kin.clear()  # the store moved since the last pass
         jobs = []
         # Chats already taken up by an earlier pass (or an earlier process) come first.
         for entry in (e for state in CONTINUED for e in self.progress.in_state(state)):
             policy = next((p for p, _ in self._policies if p.name == entry.policy), None)
             if policy is None or not self._ready(entry.identity):
                 continue
-            if entry.state == "blocked" and blocker_in_store(
-                self.store, entry.identity, entry.chat_id
-            ):
+            if entry.state == "blocked" and self._held(entry.identity, entry.chat_id):
                 continue  # its family is still busy: no reads until it looks idle
             jobs.append(self._continue(entry, policy))
         for identity, h in self.health.items():
@@ -122,6 +115,13 @@ class Sweeper:
                     jobs.append(self._start(rec, policy))
         if jobs:
             await asyncio.gather(*jobs)
+
+    def _held(self, identity: str, chat_id: str) -> Member | None:
+        """The busy member the store shows in the family an archive of the chat covers."""
+        kin = self._kin.get(identity)
+        if kin is None:
+            kin = self._kin[identity] = Kin(self.store, identity)
+        return kin.blocker(chat_id)
 
     def _ready(self, identity: str) -> bool:
         h = self.health.get(identity)
@@ -146,7 +146,7 @@ class Sweeper:
             would = (
                 policy.action if rec.status in ACTIVE or policy.action == "archive" else "archive"
             )
-            held = blocker_in_store(self.store, rec.identity, rec.chat_id)
+            held = self._held(rec.identity, rec.chat_id)
             detail = f"would {would} ({rec.status} for {self._age(rec):.0f}s, policy {policy.name})"
             if held is not None and policy.action != "interrupt":
                 detail += f"; the archive would wait: {held.says()}"
