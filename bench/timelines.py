@@ -35,12 +35,16 @@ class Sink:
         pass
 
 store = ChatStore()
-det = Detector(store=store, sink=Sink(), timelines=Timelines(identity_of=store.identity_of) if on else Nothing())
+timelines = Timelines(identity_of=store.identity_of) if on else Nothing()
+det = Detector(store=store, sink=Sink(), timelines=timelines)
 t = 1_800_000_000.0
-for status, via, dt in (("requires_action", "listing", 0.0), ("running", "watch", 10.0), ("requires_action", "watch", 20.0)):
+steps = (("requires_action", "listing", 0.0), ("running", "watch", 10.0),
+         ("requires_action", "watch", 20.0))
+for status, via, dt in steps:
     changes = []
     for i in range(n):
-        chat = Observation(id=ChatId(f"chat-{i:08d}"), status=status, updated_at=t + dt, title=f"chat {i}")
+        cid = ChatId(f"chat-{i:08d}")
+        chat = Observation(id=cid, status=status, updated_at=t + dt, title=f"chat {i}")
         c = store.observe("a", chat, now=t + dt, via=via, kind="status_change")
         if c is not None:
             changes.append(c)

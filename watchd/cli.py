@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     scan = sub.add_parser(
         "scan", help="list every identity's chats once; print stuck ones", parents=common
     )
+    scan.add_argument(
+        "--cost",
+        action="store_true",
+        help="also read what each stuck chat's tree has cost (AI Gateway; bounded)",
+    )
     scan.set_defaults(func=cmd_scan)
 
     demo = sub.add_parser("demo", help="simulator + daemon, console output", parents=common)
@@ -198,7 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("sim", help="the Coder simulator alone", parents=common)
     sim.add_argument("--listen", default="127.0.0.1:7080")
-    sim.add_argument("--scenario", default="demo", choices=["empty", "demo", "fleet", "bulk"])
+    sim.add_argument(
+        "--scenario", default="demo", choices=["empty", "demo", "fleet", "bulk", "trees"]
+    )
     sim.add_argument("--users", type=int, default=50, help="bulk scenario: users")
     sim.add_argument("--chats-per-user", type=int, default=2000, help="bulk scenario")
     sim.add_argument("--chat-status", default="waiting", help="bulk scenario: every chat's status")

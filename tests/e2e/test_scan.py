@@ -148,3 +148,31 @@ async def test_scan_groups_what_is_stuck_by_cause(tmp_path: Path, start_sim: Sta
     assert text.index("cause stranded_tool (1)") < text.index("cause capacity (3)")
     assert text.index("cause capacity (3)") < text.index("cause unknown (1)")
     assert text.count("fix: the deployment runs as many chats as it may at once") == 1
+
+
+async def test_scan_cost_reads_each_stuck_trees_spend(tmp_path: Path, start_sim: StartSim) -> None:
+    """`scan --cost` prints what each stuck tree has cost (through a subagent where coderd
+    would answer for a chat-tree chat's parent), marks the trees over cost.threshold_usd,
+    and reads nothing without the flag."""
+    sim = start_sim(scenario="trees")
+    d = DaemonProcess(
+        tmp_path,
+        sim,
+        identities=[("team-a", "alice"), ("team-b", "bob")],
+        extra={"budgets": {"running": "5m"}, "cost": {"threshold_usd": 10}},
+    )
+    ids = {c["title"]: c["id"] for c in (await sim.admin("GET", "/state"))["chats"]}
+    plain = await scan(d.config_path, "--json")
+    assert all(r["costs"] is None for r in json.loads(plain.stdout)["results"])
+    out = await scan(d.config_path, "--json", "--cost")
+    assert out.returncode == 1, out.stderr
+    costs = {c["tree"]: c for r in json.loads(out.stdout)["results"] for c in r["costs"]}
+    assert costs[ids["tree: costly"]]["total_cost_usd"] == 42.0
+    assert set(costs[ids["tree: costly"]]["past_budget"]) == {
+        ids["tree: costly"],
+        ids["tree: costly/worker"],
+    }
+    assert costs[ids["bob: pricey"]]["over_threshold"] is True
+    assert costs[ids["bob: cheap"]]["over_threshold"] is False
+    text = await scan(d.config_path, "--cost")
+    assert "$42.00 (310 requests, 2 unpriced)  OVER cost.threshold_usd" in text.stdout

@@ -1,5 +1,5 @@
 """The sweep against the simulator: what coderd's answers to its mutations mean
-(reconcile-invalid's, a paused family's refusal to be archived)."""
+(reconcile-invalid's; a family's refusals are tests/unit/test_sweep_families.py's)."""
 
 from __future__ import annotations
 
@@ -78,31 +78,6 @@ async def test_one_404_never_switches_recovery_off_for_the_identity(
     for line in lines:
         assert line["state"] == "invalid"
         assert "reconcile-invalid answered 404 for a chat this token can read" in line["detail"]
-
-
-async def test_a_family_with_a_paused_member_is_owner_editing_not_a_failure(
-    sim: Sim, session: aiohttp.ClientSession, tmp_path: Path
-) -> None:
-    """Archiving a root whose subagent is paused gets coderd's own 409; the sweep records
-    it once as owner editing (no retries, no gave_up, no ChatSwept), and never touches the
-    paused chat itself."""
-    alice = sim.state.add_user("alice")
-    root = sim.state.add_chat(alice, status="waiting", age=60)
-    sim.state.add_chat(alice, status="paused", age=60, parent=root)
-    client = client_for(sim, alice, session)
-    det, db, sweeper = _sweeper(sim, client, tmp_path, [root], "archive")
-    try:
-        for _ in range(2):
-            await sweeper.sweep_once()
-    finally:
-        await det.unregister("alice", reason="test over")
-        db.close()
-    (line,) = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
-    assert line["state"] == "owner_editing" and "owner editing" in line["detail"]
-    assert "paused at a queued message under edit" in line["detail"]
-    assert sim.state.mutations == [("archive", root.id, 409)]
-    assert sweeper.counts["gave_up"] == sweeper.counts["errors"] == 0
-    assert not any(a.name == "ChatSwept" for a in det.firing.values())
 
 
 def test_paused_chats_are_never_swept() -> None:

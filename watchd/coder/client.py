@@ -19,8 +19,10 @@ from msgspec.structs import replace
 
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.models import (
+    ChatCost,
     User,
     WorkspaceBuild,
+    parse_chat_cost,
     parse_quota,
     parse_user,
     parse_workspace_build,
@@ -46,6 +48,8 @@ MIN_PAGE_BYTES = 8 * 1024 * 1024
 CURSOR_WALKBACK = 3
 # Without any hint, Coder's rate-limit window is one minute.
 DEFAULT_429_WAIT = 60.0
+# A chat tree's cost is four numbers and an id (about 150 bytes): a bigger answer is not one.
+COST_BODY = 4096
 
 
 @dataclass(slots=True)
@@ -311,6 +315,16 @@ class CoderClient:
         if chat.queued_for_capacity is None:
             chat = replace(chat, queued_for_capacity=False)
         return chat
+
+    async def chat_cost(self, chat_id: str) -> ChatCost:
+        """``GET …/chats/{chat}/cost`` (v2.37 on): the spend of the chat's tree as coderd
+        resolves it (its ``root_chat_id``, else its parent, else the chat). One attempt,
+        a small body at most (COST_BODY): a monitor's read, never pressed. A 404 (a chat
+        gone, or a server before the route) does not re-probe the prefix."""
+        prefix = await self.resolve_prefix()
+        path = f"{prefix}/chats/{chat_id}/cost"
+        resp = await self._call("GET", path, retry=False, max_body=COST_BODY)
+        return parse_chat_cost(resp.json())
 
     async def reconcile_invalid(self, chat_id: str) -> Observation | None:
         """``POST …/reconcile-invalid`` (newest servers): move a chat whose execution state

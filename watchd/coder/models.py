@@ -190,3 +190,31 @@ def _agents(build: dict[str, Any]) -> tuple[Agent, ...]:
                     Agent(as_text(a, "name"), as_text(a, "status"), as_text(a, "lifecycle_state"))
                 )
     return tuple(found)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCost:
+    """``GET …/chats/{chat}/cost`` (``getChatCost``): AI Gateway's spend for the chat's tree
+    (its root and the subagents beneath it), in millionths of a US dollar. Requests on an
+    unpriced model are counted but not in the total."""
+
+    chat_id: str
+    total_cost_micros: int
+    request_count: int
+    unpriced_request_count: int
+
+    @property
+    def usd(self) -> float:
+        return self.total_cost_micros / 1_000_000
+
+
+def parse_chat_cost(obj: Any) -> ChatCost:
+    if not isinstance(obj, dict):
+        raise PayloadError("cost", "expected an object")
+    counts = []
+    for key in ("total_cost_micros", "request_count", "unpriced_request_count"):
+        value = obj.get(key, 0 if key == "unpriced_request_count" else None)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise PayloadError(f"cost.{key}", "missing or not a non-negative integer")
+        counts.append(value)
+    return ChatCost(as_text(obj, "chat_id"), *counts)

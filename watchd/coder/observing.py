@@ -106,6 +106,8 @@ class Observation(msgspec.Struct, gc=False):
     client_type: str = ""
     context_error: str = ""
     warnings: tuple[str, ...] = ()
+    # root | chat | subagent (chat-tree experiment); "": not said (a child is a subagent).
+    kind: str = ""
     # created_at unparsed: read only when updated_at needs checking against it.
     created_raw: str | None = None
     # The tool calls left pending: only an action_required watch event names them (the
@@ -158,7 +160,8 @@ class _Kinds(dict[str, str]):
         return str(key)[:40]
 
 
-KINDS = _Kinds({k: k for k in ("computer_use", "explore", "orchestrator", "ui", "api")})
+_ENUMS = ("computer_use", "explore", "orchestrator", "ui", "api", "root", "chat", "subagent")
+KINDS = _Kinds({k: k for k in _ENUMS})
 
 
 # -- the tolerant constructor --------------------------------------------------------
@@ -252,6 +255,7 @@ def from_json(obj: Any, *, where: str = "chat") -> Observation:
     context = get("context")
     context_error = context.get("error") if type(context) is dict else None
     warnings = get("warnings")
+    kind = get("kind")
     created = get("created_at")
     return Observation(
         chat_id,  # type: ignore[arg-type]  # a ChatId: NewType's call costs a call per frame
@@ -275,6 +279,7 @@ def from_json(obj: Any, *, where: str = "chat") -> Observation:
         KINDS[client_type] if type(client_type) is str and client_type else "",
         context_error[:300] if type(context_error) is str else "",
         tuple(str(w)[:200] for w in warnings[:5]) if warnings and type(warnings) is list else (),
+        KINDS[kind] if type(kind) is str and kind else "",
         created if type(created) is str else None,
     )
 
@@ -319,6 +324,7 @@ class WireChat(msgspec.Struct, gc=False):
     client_type: str | None = None
     context: WireContext | None = None
     warnings: list[str] | None = None
+    kind: str | None = None
 
 
 def _wire_error(err: WireError | str) -> ChatError:
@@ -366,6 +372,7 @@ def from_wire(w: WireChat) -> Observation | None:
     context = w.context
     context_error = context.error if context is not None else None
     warnings = w.warnings
+    kind = w.kind
     title = w.title
     return Observation(
         chat_id,  # type: ignore[arg-type]  # a ChatId: NewType's call costs a call per frame
@@ -388,5 +395,6 @@ def from_wire(w: WireChat) -> Observation | None:
         KINDS[client_type] if client_type else "",
         context_error[:300] if context_error else "",
         tuple(x[:200] for x in warnings[:5]) if warnings else (),
+        KINDS[kind] if kind else "",
         w.created_at,
     )

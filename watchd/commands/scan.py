@@ -39,6 +39,7 @@ from watchd.kits.redaction import REGISTRY
 from watchd.remediation.policies import compile_policies, match_policy
 from watchd.store.chats import ChatStore
 from watchd.store.records import ChatRecord
+from watchd.watching.costs import scan_costs
 
 # Diagnosis costs up to three requests per chat; past this many stuck chats per
 # identity the scan reports them without a hint rather than hammer Coder.
@@ -60,6 +61,8 @@ class ScanResult:
     sweep: list[dict[str, Any]] = field(default_factory=list)
     # cause -> chats past budget with it, in the order of precedence (CAUSES).
     by_cause: dict[str, int] = field(default_factory=dict)
+    # With --cost: what each stuck chat's tree has cost (None: not asked).
+    costs: list[dict[str, Any]] | None = None
 
 
 async def read_quota(client: CoderClient, config: QuotaConfig) -> dict[str, Any] | None:
@@ -103,7 +106,12 @@ def quota_line(q: dict[str, Any]) -> str:
 
 
 async def scan_identity(
-    config: Config, secrets: ResolvedSecrets, name: str, session: aiohttp.ClientSession
+    config: Config,
+    secrets: ResolvedSecrets,
+    name: str,
+    session: aiohttp.ClientSession,
+    *,
+    cost: bool = False,
 ) -> ScanResult:
     ident = next(i for i in config.identities if i.name == name)
     result = ScanResult(identity=name, deployment=ident.url)
@@ -168,6 +176,12 @@ async def scan_identity(
     )
     counts = Counter(e["cause"] for e in result.stuck)
     result.by_cause = {c: counts[c] for c in CAUSES if counts[c]}
+    if cost:
+        threshold = config.cost.threshold_micros if config.cost.enabled else None
+        past = [e["chat_id"] for e in result.stuck]
+        result.costs = await scan_costs(
+            client, store, name, past, limit=DIAGNOSE_LIMIT, threshold_micros=threshold
+        )
     result.sweep = sweep_preview(config, ident, store, now=now)
     return result
 
@@ -221,11 +235,14 @@ def sweep_preview(
     return out
 
 
-async def scan(config: Config, secrets: ResolvedSecrets) -> list[ScanResult]:
+async def scan(config: Config, secrets: ResolvedSecrets, *, cost: bool = False) -> list[ScanResult]:
     async with aiohttp.ClientSession() as session:
         return list(
             await asyncio.gather(
-                *(scan_identity(config, secrets, i.name, session) for i in config.identities)
+                *(
+                    scan_identity(config, secrets, i.name, session, cost=cost)
+                    for i in config.identities
+                )
             )
         )
 
@@ -266,12 +283,28 @@ def render(results: list[ScanResult]) -> str:
                 lines.append(f"        hint: {s['hint']}")
             elif s.get("diagnosed") is False:
                 lines.append(f"        (not diagnosed: only the first {DIAGNOSE_LIMIT} are)")
+        lines.extend(cost_lines(r.costs))
         for w in r.sweep:
             lines.append(
                 f"  sweep would {w['would']:<22} {w['status']:<12} "
                 f"{w['title'][:50]!r} (policy {w['policy']})  {w['chat_id']}"
             )
     return "\n".join(lines)
+
+
+def cost_lines(costs: list[dict[str, Any]] | None) -> list[str]:
+    """``--cost``'s lines: each stuck tree's spend, or why it was not read."""
+    out = []
+    for c in costs or []:
+        if "error" in c:
+            out.append(f"  tree cost     {c['error']}  {c['tree']}")
+            continue
+        over = "  OVER cost.threshold_usd" if c["over_threshold"] else ""
+        out.append(
+            f"  tree cost     ${c['total_cost_usd']:,.2f} ({c['request_count']} requests, "
+            f"{c['unpriced_request_count']} unpriced){over}  {c['tree']}"
+        )
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -281,7 +314,7 @@ def main(args: argparse.Namespace) -> int:
     # Tokens only: a receiver's secret has nothing to do with listing chats, and an
     # identity whose token is unavailable is reported while the others are scanned.
     secrets = resolve_secrets(config, receivers=(), server=False, strict=False)
-    results = asyncio.run(scan(config, secrets))
+    results = asyncio.run(scan(config, secrets, cost=getattr(args, "cost", False)))
     # Last line of defence: whatever a server echoed (a token in an error) is scrubbed.
     if args.json:
         fleet: Counter[str] = Counter()

@@ -32,6 +32,7 @@ from watchd.config.telemetry import TelemetryConfig
 from watchd.config.watching import (
     AdmissionConfig,
     Budgets,
+    CostConfig,
     DetectionConfig,
     ForecastConfig,
     IdentityConfig,
@@ -69,6 +70,7 @@ class Config(Strict):
     quota: QuotaConfig = Field(default_factory=QuotaConfig)
     forecast: ForecastConfig = Field(default_factory=ForecastConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     state_dir: str = "/var/lib/watchd"

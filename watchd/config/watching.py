@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
@@ -153,3 +153,47 @@ class AdmissionConfig(Strict):
     # 0: admit while any credit is left. A dispatcher whose new chats each build a
     # workspace raises it to one workspace's cost, so the last admitted chat can still build.
     min_headroom: Annotated[int, Field(ge=0)] = 0
+
+
+def usd(value: Any) -> float | None:
+    """An amount of US dollars: a number or a string like ``"25"`` or ``"$2.50"``."""
+    if value is None:
+        return None
+    text = value.strip().removeprefix("$") if isinstance(value, str) else value
+    try:
+        if isinstance(text, bool):
+            raise ValueError
+        amount = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f'{value!r} is not an amount of US dollars (e.g. 25 or "$2.50")') from None
+    if not 0 < amount <= 1_000_000:  # NaN fails it too
+        raise ValueError(
+            f"{value!r} must be more than $0 and at most $1,000,000 (US dollars per chat tree)"
+        )
+    return amount
+
+
+class CostConfig(Strict):
+    """ChatTreeCostHigh: what a chat tree has cost (AI Gateway), read only for chats past
+    their budgets (docs/alerting.md). Off unless ``threshold_usd`` is set."""
+
+    # US dollars one chat tree (a root and its subagents) may have cost before a stuck
+    # chat in it pages. No default: what is too much is the deployment's call.
+    threshold_usd: Annotated[float | None, BeforeValidator(usd)] = None
+    # A tree past budget is read again this often: cost moves with a turn's requests, and
+    # a stuck tree is already paged; every 5 min keeps the read cheap.
+    interval: Annotated[float, BeforeValidator(parse_duration), floor(1.0, TICK)] = 300.0
+    # Cost reads per identity per minute, from the identity's request budget (coderd
+    # limits each /chats/<id>/cost path on its own, 512 a minute).
+    reads_per_minute: Annotated[int, Field(ge=1, le=600)] = 30
+    # Trees read per pass and identity (the rest wait for a later pass): a fleet stuck
+    # together must not turn into a burst of cost reads.
+    max_trees: Annotated[int, Field(ge=1, le=1000)] = 50
+
+    @property
+    def enabled(self) -> bool:
+        return self.threshold_usd is not None
+
+    @property
+    def threshold_micros(self) -> int:
+        return round((self.threshold_usd or 0) * 1_000_000)

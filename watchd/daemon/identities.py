@@ -1,7 +1,8 @@
 """The identities this replica watches: add, remove, and re-plan on reload.
 
 Each identity gets its own health, server clock, rate-limited transport, client
-and watcher, and three supervised tasks (watch, reconcile, quota). Removing one
+and watcher, and its supervised tasks (watch, reconcile, and when configured quota
+and cost). Removing one
 stops its tasks *first*, then unregisters it from the detector, so a changed
 identity is restarted stop-then-start and never runs twice. A reload computes a
 plan (removed, added, changed) from the old and new configuration; applying it
@@ -35,6 +36,8 @@ from watchd.store.health import IdentityHealth
 from watchd.store.rows import ChatRows
 from watchd.store.sqlite import StateFile
 from watchd.telemetry.events import EventSink, own_source
+from watchd.watching.costs import ALERTNAME as TREE_COST
+from watchd.watching.costs import TreeCosts
 from watchd.watching.forecasting import QuotaForecast, forecast_fingerprint
 from watchd.watching.quota import QuotaWatcher
 from watchd.watching.readings import ReadingBook
@@ -200,6 +203,21 @@ class Identities:
         sup.spawn(f"reconcile:{name}", watcher.reconcile_forever, group="watchers", restart=True)
         if config.quota.enabled:
             self._start_quota(name, health, client, config, ident)
+        if config.cost.enabled:
+            costs = TreeCosts(
+                health=health,
+                client=client,
+                store=self.store,
+                alerts=self.detector.ledger,
+                config=config.cost,
+                labels=ident.labels,
+            )
+            sup.spawn(f"cost:{name}", costs.run, group="watchers", restart=True)
+        else:
+            # Turned off (perhaps while the daemon was down): nothing would resolve them.
+            for fp, alert in self.detector.ledger.of_identity(name):
+                if alert.name == TREE_COST:
+                    self.detector.ledger.clear_alert(fp, why="the cost alert is turned off")
         if not (config.quota.enabled and config.forecast.enabled):
             # Turned off (perhaps while the daemon was down): a forecast firing from
             # before would otherwise never resolve.
@@ -241,6 +259,7 @@ class Identities:
         await self.supervisor.stop(f"watch:{name}")
         await self.supervisor.stop(f"reconcile:{name}")
         await self.supervisor.stop(f"quota:{name}")
+        await self.supervisor.stop(f"cost:{name}")
         await self.detector.unregister(
             name, reason="identity removed from config", resolve=forget and not hand_over
         )

@@ -57,7 +57,7 @@ def restarts_identities(paths: list[str]) -> bool:
     at start: applying it means restarting each identity (clocks and alerts are kept)."""
     return any(
         p == "reconcile_interval"
-        or p.startswith(("detection", "quota", "forecast"))
+        or p.startswith(("detection", "quota", "forecast", "cost"))
         or p == "chat_link_template"
         for p in paths
     )

@@ -1,9 +1,10 @@
 """Which sweep policy applies to a chat now: pure, shared by the sweeper and ``scan``.
 
 First match wins, on the server's clock. ``requires_action`` chats never match
-(the pause may be the only record of a committed client-tool effect), and an
-``orchestrator`` chat (one long-lived chat per user) matches only a policy that
-names it with a ``mode`` matcher.
+(the pause may be the only record of a committed client-tool effect), nor does a
+chat-tree root (``kind: root``: coderd never archives it), and an ``orchestrator``
+chat (one long-lived chat per user) matches only a policy that names it with a
+``mode`` matcher.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def match_policy(
     labels: Mapping[str, str],
 ) -> SweepPolicy | None:
     """The first policy that applies to a chat now (never for requires_action or
-    paused). Pure."""
-    if rec.status in LEFT_ALONE:
+    paused, never a chat-tree root). Pure."""
+    if rec.status in LEFT_ALONE or rec.kind == "root":
         return None
     all_labels = {
         **labels,

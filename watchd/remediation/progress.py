@@ -35,7 +35,7 @@ class SweepEntry:
     policy: str
     since: float
     state: str  # planned | interrupt_sent | interrupted | archived | retry | gave_up | invalid
-    # | healed
+    # | healed | owner_editing | blocked (a busy family member holds the archive up)
     attempts: int
     updated: float
     detail: str | None = None

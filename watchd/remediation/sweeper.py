@@ -12,13 +12,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from msgspec.structs import replace as amend
+
 from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
+from watchd.coder.observing import Observation
 from watchd.config.sweep import SweepConfig, SweepPolicy
 from watchd.kits import logs
 from watchd.kits.ratelimit import RateLimiter
 from watchd.remediation.announcing import Ledger, announcement, expire_announcements
+from watchd.remediation.archiving import OWNER_EDITING, archive
 from watchd.remediation.audit import AuditLog
+from watchd.remediation.families import Kin, Member
 from watchd.remediation.policies import LEFT_ALONE, compile_policies, match_policy
 from watchd.remediation.progress import SweepEntry, SweepProgress
 from watchd.remediation.recovering import recover
@@ -31,12 +36,16 @@ log = logs.get("watchd.sweep")
 
 ACTIVE = frozenset({"running", "pending", "interrupting"})
 SETTLED = frozenset({"waiting", "error", "completed"})
-# The sweep's word for a paused chat, or a family coderd will not archive because one is.
-OWNER_EDITING = "owner editing"
 MAX_ATTEMPTS = 3
 # "healed": reconcile-invalid found the chat consistent again; this episode is over.
 # "owner_editing": left alone for this episode, not a failure.
 TERMINAL = frozenset({"interrupted", "archived", "gave_up", "planned", "healed", "owner_editing"})
+# What /status and watchd_sweep_total count.
+OUTCOMES: tuple[str, ...] = ("planned", "interrupted", "archived", "gave_up", "invalid")
+OUTCOMES += ("reconciled", "healed", "owner_editing", "blocked", "errors")
+# Taken up again on later passes: sent an interrupt, a failure to retry, an archive its
+# family holds up (that one only once the store shows the family idle).
+CONTINUED = ("interrupt_sent", "retry", "blocked")
 # "invalid": a mutation answered 409 "Chat is in an invalid state."; waits for the
 # operator (or reconcile_invalid) and is not retried in a loop.
 WAITING = frozenset({"invalid"})
@@ -72,20 +81,12 @@ class Sweeper:
         self.labels = labels
         # The audit's last lines, for /status (a reload carries them over).
         self.recent = self.audit.recent
-        self.counts = {
-            "planned": 0,
-            "interrupted": 0,
-            "archived": 0,
-            "gave_up": 0,
-            "invalid": 0,
-            "reconciled": 0,
-            "healed": 0,
-            "owner_editing": 0,
-            "errors": 0,
-        }
+        self.counts = dict.fromkeys(OUTCOMES, 0)
         self._limiters: dict[str, RateLimiter] = {}
         self._slots = asyncio.Semaphore(config.concurrency)
         self._policies = compile_policies(config)
+        # Each identity's parent links, indexed once per pass (families.Kin).
+        self._kin: dict[str, Kin] = {}
 
     async def run(self) -> None:
         while True:
@@ -94,12 +95,16 @@ class Sweeper:
 
     async def sweep_once(self) -> None:
         expire_announcements(self.ledger, announce_for=self.config.announce_for)
+        self._kin.clear()  # the store moved since the last pass
         jobs = []
-        # Chats already interrupted by an earlier pass (or an earlier process) come first.
-        for entry in self.progress.in_state("interrupt_sent") + self.progress.in_state("retry"):
+        # Chats already taken up by an earlier pass (or an earlier process) come first.
+        for entry in (e for state in CONTINUED for e in self.progress.in_state(state)):
             policy = next((p for p, _ in self._policies if p.name == entry.policy), None)
-            if policy is not None and self._ready(entry.identity):
-                jobs.append(self._continue(entry, policy))
+            if policy is None or not self._ready(entry.identity):
+                continue
+            if entry.state == "blocked" and self._held(entry.identity, entry.chat_id):
+                continue  # its family is still busy: no reads until it looks idle
+            jobs.append(self._continue(entry, policy))
         for identity, h in self.health.items():
             if not h.ready:
                 continue
@@ -110,6 +115,13 @@ class Sweeper:
                     jobs.append(self._start(rec, policy))
         if jobs:
             await asyncio.gather(*jobs)
+
+    def _held(self, identity: str, chat_id: str) -> Member | None:
+        """The busy member the store shows in the family an archive of the chat covers."""
+        kin = self._kin.get(identity)
+        if kin is None:
+            kin = self._kin[identity] = Kin(self.store, identity)
+        return kin.blocker(chat_id)
 
     def _ready(self, identity: str) -> bool:
         h = self.health.get(identity)
@@ -134,15 +146,12 @@ class Sweeper:
             would = (
                 policy.action if rec.status in ACTIVE or policy.action == "archive" else "archive"
             )
+            held = self._held(rec.identity, rec.chat_id)
+            detail = f"would {would} ({rec.status} for {self._age(rec):.0f}s, policy {policy.name})"
+            if held is not None and policy.action != "interrupt":
+                detail += f"; the archive would wait: {held.says()}"
             self._record(
-                entry,
-                "planned",
-                rec=rec,
-                policy=policy,
-                action=would,
-                dry_run=True,
-                detail=f"would {would} ({rec.status} for "
-                f"{self._age(rec):.0f}s, policy {policy.name})",
+                entry, "planned", rec=rec, policy=policy, action=would, dry_run=True, detail=detail
             )
             return
         async with self._slots:
@@ -168,6 +177,10 @@ class Sweeper:
                 self._retry(entry, rec, policy, f"read failed: {exc}")
             return
         status = chat.status
+        if entry.state == "blocked" and status not in SETTLED:
+            detail = f"left alone: chat is {status} again while its archive waited"
+            self._record(entry, "gave_up", rec=rec, policy=policy, action="none", detail=detail)
+            return
         if status in LEFT_ALONE or chat.archived:
             said = "archived" if chat.archived else status
             editing = said == "paused"  # the owner's, not a failure
@@ -214,9 +227,9 @@ class Sweeper:
                     "workspace",
                 )
             return
-        await self._archive(
-            entry, rec, policy, parent=chat.parent_chat_id, root=chat.root_chat_id, client=client
-        )
+        # The chat as it is now (an interrupt above may have settled it since the read).
+        chat = chat if chat.status == status else amend(chat, status=status)
+        await self._archive(entry, rec, policy, chat=chat, client=client)
 
     async def _interrupt(
         self,
@@ -260,34 +273,19 @@ class Sweeper:
         rec: ChatRecord | None,
         policy: SweepPolicy,
         *,
-        parent: str | None,
-        root: str | None,
+        chat: Observation,
         client: CoderClient,
     ) -> None:
-        target = root if parent and root and root != entry.chat_id else entry.chat_id
-        await self._limiter(entry.identity).acquire()
-        try:
-            await client.archive(target)
-        except CoderError as exc:
-            if exc.invalid_state:
-                await self._invalid(entry, rec, policy, exc, client=client, target=target)
-                return
-            if exc.status == 400 and "already archived" in exc.message.lower():
-                pass
-            elif exc.status == 409 and "paused" in exc.message.lower():
-                detail = f"archive refused ({OWNER_EDITING}): {exc.message}"
-                self._record(
-                    entry, "owner_editing", rec=rec, policy=policy, action="none", detail=detail
-                )
-                return
-            elif exc.status == 409 or (exc.status == 400 and "root chat" in exc.message):
-                self._retry(entry, rec, policy, f"archive refused: {exc.message}")
-                return
-            else:
-                self._retry(entry, rec, policy, f"archive failed: {exc}")
-                return
-        what = "archived" + (f" via its root {target}" if target != entry.chat_id else "")
-        self._record(entry, "archived", rec=rec, policy=policy, action="archive", detail=what)
+        acquire = self._limiter(entry.identity).acquire
+        out = await archive(client, self.store, entry.identity, chat, acquire=acquire)
+        if out.error is not None:
+            await self._invalid(entry, rec, policy, out.error, client=client, target=out.target)
+        elif out.state == "retry":
+            self._retry(entry, rec, policy, out.detail)
+        elif not (out.state == entry.state == "blocked" and out.detail == entry.detail):
+            # (Still held up by the same member: said already.)
+            action = "archive" if out.state == "archived" else "none"
+            self._record(entry, out.state, rec=rec, policy=policy, action=action, detail=out.detail)
 
     async def _invalid(
         self,
@@ -372,9 +370,10 @@ class Sweeper:
         self.audit.write(
             entry, action=action, rec=rec, policy=policy.name, dry_run=dry_run, detail=detail
         )
-        if action == "none" and state != "gave_up":
+        if action == "none" and state not in ("gave_up", "blocked"):
             return
-        # Announced as ChatSwept: every action, and every chat given up on.
+        # Announced as ChatSwept: every action, every chat given up on, every archive its
+        # family holds up (naming the member).
         h = self.health.get(entry.identity)
         alert = announcement(
             entry,

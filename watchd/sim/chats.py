@@ -13,7 +13,7 @@ import uuid
 from aiohttp import web
 
 from watchd.sim.payloads import NOT_FOUND, USER_KEY, chat_json, json_response
-from watchd.sim.records import ACTIVE, ARCHIVABLE, SimChat, SimError
+from watchd.sim.records import ACTIVE, SimChat, SimError
 from watchd.sim.state import SimState
 
 Q_KEYS = frozenset(
@@ -29,13 +29,6 @@ Q_KEYS = frozenset(
         "pr_title",
         "search",
     }
-)
-
-
-# patchChat: a family with a member paused at a queued message under edit (in flight).
-PAUSED_ARCHIVE_REFUSAL = (
-    "Cannot archive: a chat in this family is paused at a queued message under edit. "
-    "Finish editing, send, or remove that message first."
 )
 
 
@@ -156,7 +149,7 @@ class ChatsAPI:
             c
             for c in state.chats_of(user.id)
             if c.archived == archived
-            and (not state.era.embed_children or c.parent_id is None)
+            and (not state.era.embed_children or state.listed_as_row(c))
             and all(c.labels.get(k) == v for k, v in wanted_labels)
             and ("title" not in q or q["title"].lower() in c.title.lower())
         ]
@@ -245,10 +238,7 @@ class ChatsAPI:
             if body["archived"]:
                 self._archive(chat)
             else:
-                if chat.parent_id is not None:
-                    raise SimError(400, "Chat archive state can only be changed on the root chat.")
-                if not chat.archived:
-                    raise SimError(400, "Chat is not archived.")
+                self.state.check_unarchive(chat)
                 self.state.unarchive(chat.id)
         if "title" in body and isinstance(body["title"], str):
             chat.title = body["title"]
@@ -266,21 +256,10 @@ class ChatsAPI:
         state = self.state
         if not state.faults.chatd_enabled:
             raise SimError(503, "AI Gateway must be enabled to use chats.")
-        if chat.parent_id is not None:
-            raise SimError(400, "Chat archive state can only be changed on the root chat.")
-        if chat.archived:
-            raise SimError(400, "Chat is already archived.")
-        if state.era.state_machine:
-            if any(m.status == "paused" for m in state.family(chat)):
-                raise SimError(409, PAUSED_ARCHIVE_REFUSAL)
-            if chat.status not in ARCHIVABLE:
-                raise SimError(
-                    409,
-                    "Cannot archive an active chat. Interrupt or wait for the "
-                    "chat to finish first.",
-                )
-        else:
-            for member in state.family(chat):
+        state.check_archive(chat, state_machine=state.era.state_machine)
+        if not state.era.state_machine:
+            # Era B: archive stopped active processing itself.
+            for member in state.members(chat):
                 if member.status in ACTIVE or member.status == "requires_action":
                     member.script.clear()
                     state.set_status(member.id, "waiting")

@@ -28,6 +28,8 @@ class Era:
     full_watch_chat: bool
     # PublishChatWatchEvent refuses payloads over 6000 bytes (newest).
     publish_limit: int | None
+    # GET …/chats/{chat}/cost exists (getChatCost, the v2.37 line on).
+    chat_cost: bool = False
 
 
 # No era caps the page size: ``limit`` is any non-negative int32, 0/absent meaning 50
@@ -48,7 +50,29 @@ ERAS: dict[str, Era] = {
     ),
     "C": Era("C", ("/api/experimental",), False, CURRENT, True, False, True, False, True, 6000),
     "D": Era(
-        "D", ("/api/v2", "/api/experimental"), False, CURRENT, True, False, True, False, True, 6000
+        "D",
+        ("/api/v2", "/api/experimental"),
+        False,
+        CURRENT,
+        True,
+        False,
+        True,
+        False,
+        True,
+        6000,
+        chat_cost=True,
     ),
-    "E": Era("E", ("/api/v2",), False, CURRENT | {"paused"}, True, False, True, True, True, 6000),
+    "E": Era(
+        "E",
+        ("/api/v2",),
+        False,
+        CURRENT | {"paused"},
+        True,
+        False,
+        True,
+        True,
+        True,
+        6000,
+        chat_cost=True,
+    ),
 }

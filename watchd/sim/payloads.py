@@ -26,9 +26,12 @@ class Records(Protocol):
     era: Era
     utc_offsets: tuple[int, ...]
     users: dict[str, SimUser]
+    chat_tree: bool
 
     def children_of(self, chat_id: str) -> list[SimChat]: ...
     def now(self) -> float: ...
+    def depth(self, chat: SimChat) -> int: ...
+    def named_children(self, chat: SimChat) -> list[SimChat]: ...
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -65,8 +68,13 @@ def chat_json(
 ) -> dict[str, Any]:
     """``codersdk.Chat`` as Go's ``encoding/json`` writes it: nil pointers with
     ``omitempty`` are omitted (never ``null``), ``last_turn_summary``/``summary`` are
-    ``null``, ``root_chat_id`` is always set, ``queued_for_capacity`` appears only on
-    a single GET and only when true (``bool,omitempty``)."""
+    ``null``, ``root_chat_id`` is always set (``db2sdk.Chat``: the chat's root, else its
+    parent, else itself, so a named chat under the chat-tree experiment names its
+    parent); ``queued_for_capacity``
+    appears only on a single GET and only when true (``bool,omitempty``). Under the
+    experiment every chat says its ``kind``, and a single GET of a root or named chat
+    attached to a tree adds ``depth`` and ``child_chat_count``
+    (``attachChatTreePosition``); list rows embed only subagents."""
     owner = state.users.get(chat.owner_id)
     body: dict[str, Any] = {
         "id": chat.id,
@@ -74,7 +82,6 @@ def chat_json(
         "owner_id": chat.owner_id,
         "owner_username": owner.username if owner else "",
         "owner_name": owner.username if owner else "",
-        "root_chat_id": chat.root_id or chat.id,
         "last_model_config_id": "e5a9c0de-0000-4000-8000-000000000001",
         "title": chat.title,
         "status": chat.status,
@@ -91,10 +98,19 @@ def chat_json(
         "client_type": chat.client_type,
         "children": [],
     }
+    # db2sdk.Chat: root_chat_id, else parent_chat_id, else the chat's own id. A named chat
+    # under the chat-tree experiment (no root_chat_id of its own) so names its parent.
+    body["root_chat_id"] = chat.root_id or chat.parent_id or chat.id
     if chat.workspace_id is not None:
         body["workspace_id"] = chat.workspace_id
     if chat.parent_id is not None:
         body["parent_chat_id"] = chat.parent_id
+    if state.chat_tree:
+        body["kind"] = chat.kind
+        depth = state.depth(chat) if single else 0
+        if depth:
+            body["depth"] = depth
+            body["child_chat_count"] = len(state.named_children(chat))
     if chat.mode is not None:
         body["mode"] = chat.mode
     if chat.warnings:
@@ -113,11 +129,11 @@ def chat_json(
         body["context"] = context
     if single and chat.queued_for_capacity:
         body["queued_for_capacity"] = True
-    if embed and state.era.embed_children and chat.parent_id is None:
+    if embed and state.era.embed_children and chat.kind != "subagent":
         body["children"] = [
             chat_json(state, c, single=False, embed=False)
             for c in state.children_of(chat.id)
-            if c.archived == chat.archived
+            if c.archived == chat.archived and c.kind == "subagent"
         ]
     return body
 

@@ -92,7 +92,12 @@ class SimChat:
     updated_at: float
     entered_at: float
     parent_id: str | None = None
+    # Its family root (a subagent's spawning chat; a root's own id). Under the chat-tree
+    # experiment a named chat has none (coderd leaves root_chat_id NULL and omits it).
     root_id: str | None = None
+    # chat | subagent | root (the chat-tree experiment's per-owner root); on the wire only
+    # while the experiment is on.
+    kind: str = "chat"
     workspace_id: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     last_error: Any = None
@@ -114,6 +119,11 @@ class SimChat:
     wedged: bool = False
     interrupt_settle: float = 1.0
     messages: list[dict[str, Any]] = field(default_factory=list)
+    # What AI Gateway attributes to this chat (its own requests and those of the subagents
+    # it spawned): GET …/chats/{chat}/cost answers the family root's.
+    spend_micros: int = 0
+    spend_requests: int = 0
+    spend_unpriced: int = 0
 
 
 @dataclass

@@ -150,9 +150,55 @@ def bulk(
     return out
 
 
+def trees(state: SimState) -> list[Identity]:
+    """The chat-tree experiment on (every other scenario runs without it), with families
+    to sweep and trees to cost. AI Gateway spend is set on each family root.
+
+    - alice has opened her tree (her root exists and adopted her chats): "tree: done"
+      (depth 2, idle, with an idle subagent); "tree: busy parent" (depth 2, idle) whose
+      named child "tree: busy child" (depth 3) runs for 20 s more; "tree: nested" (depth
+      3, idle) under "tree: shelf" (depth 2, idle); "tree: costly" (depth 2, running,
+      $42 spent) with a running subagent "tree: costly/worker".
+    - bob never opened his: his chats are parentless (``kind: chat``, no depth):
+      "bob: pricey" (running, $12 spent) and "bob: cheap" (running, $1 spent).
+    """
+    state.enable_chat_tree()
+    a = state.add_user("alice")
+    b = state.add_user("bob")
+    state.tree_root(a)
+    old = 3600.0
+    done = state.add_chat(a, title="tree: done", status="waiting", age=old)
+    state.add_chat(a, title="tree: done/explore", status="waiting", age=old, parent=done)
+    busy = state.add_chat(a, title="tree: busy parent", status="waiting", age=old)
+    state.add_chat(
+        a,
+        title="tree: busy child",
+        status="running",
+        parent=busy,
+        kind="chat",
+        script=[Step("running", 20), Step("waiting")],
+    )
+    shelf = state.add_chat(a, title="tree: shelf", status="waiting", age=old)
+    state.add_chat(a, title="tree: nested", status="waiting", age=old, parent=shelf, kind="chat")
+    costly = state.add_chat(a, title="tree: costly", status="running", age=600)
+    costly.spend_micros, costly.spend_requests, costly.spend_unpriced = 42_000_000, 310, 2
+    state.add_chat(a, title="tree: costly/worker", status="running", age=600, parent=costly)
+    pricey = state.add_chat(b, title="bob: pricey", status="running", age=600)
+    pricey.spend_micros, pricey.spend_requests = 12_000_000, 90
+    cheap = state.add_chat(b, title="bob: cheap", status="running", age=600)
+    cheap.spend_micros, cheap.spend_requests = 1_000_000, 8
+    return [Identity("team-a", "alice", a.token), Identity("team-b", "bob", b.token)]
+
+
 def _ident(state: SimState, name: str, username: str) -> Identity:
     user = state.add_user(username)
     return Identity(name, username, user.token)
 
 
-SCENARIOS: dict[str, Scenario] = {"empty": empty, "demo": demo, "fleet": fleet, "bulk": bulk}
+SCENARIOS: dict[str, Scenario] = {
+    "empty": empty,
+    "demo": demo,
+    "fleet": fleet,
+    "bulk": bulk,
+    "trees": trees,
+}

@@ -29,6 +29,7 @@ from watchd.sim.payloads import (
 from watchd.sim.quota import consumed
 from watchd.sim.records import SimError, SimUser, SimWorkspace
 from watchd.sim.state import SimState
+from watchd.sim.tree_api import TreeAPI
 from watchd.sim.watch import WatchSockets
 
 STATE: web.AppKey[SimState] = web.AppKey("state", SimState)
@@ -54,6 +55,7 @@ class SimServer:
         self.app = web.Application(middlewares=[self._middleware])
         self.app[STATE] = state
         self.chats = ChatsAPI(state)
+        self.trees = TreeAPI(state, self.chats)
         self.watching = WatchSockets(state)
         self.admin = AdminAPI(state, self.watching)
         self._runner: web.AppRunner | None = None
@@ -168,6 +170,8 @@ class SimServer:
                 prefix + "/chats/{id}/reconcile-invalid",
                 self._era(prefix, self.chats.reconcile_invalid),
             )
+            r.add_get(prefix + "/chats/{id}/cost", self._era(prefix, self.trees.cost))
+        r.add_get("/api/v2/organizations/{org}/chats/tree", self._era("/api/v2", self.trees.tree))
         r.add_get("/api/v2/users/me", self.me)
         r.add_get("/api/v2/users/me/organizations", self.organizations)
         r.add_get("/api/v2/organizations/{org}/members/{user}/workspace-quota", self.quota)
@@ -183,6 +187,8 @@ class SimServer:
             if handler == self.chats.archive_post and not era.archive_post:
                 raise SimError(404, "Route not found.")
             if handler == self.chats.reconcile_invalid and not era.reconcile_invalid:
+                raise SimError(404, "Route not found.")
+            if handler == self.trees.cost and not era.chat_cost:
                 raise SimError(404, "Route not found.")
             if request.method == "PATCH" and era.archive_post:
                 raise SimError(405, "Method not allowed.")

@@ -29,9 +29,10 @@ from watchd.sim.records import (
     Step,
     Subscriber,
 )
+from watchd.sim.trees import ChatTrees
 
 
-class SimState(PubSub, HttpRate):
+class SimState(PubSub, HttpRate, ChatTrees):
     """The simulated deployment: its records, the chat lifecycle engine, faults on demand."""
 
     def __init__(
@@ -77,6 +78,11 @@ class SimState(PubSub, HttpRate):
         self._children: dict[str, list[str]] = {}
         self._family: dict[str, list[str]] = {}
         self._by_owner: dict[str, list[str]] = {}
+        # The chat-tree experiment (off, as on a deployment that does not opt in): see
+        # watchd.sim.trees. Owner id → that owner's tree root; GET …/chats/tree calls.
+        self.chat_tree = False
+        self.tree_roots: dict[str, str] = {}
+        self.tree_reads = 0
         # Mutations that reached a handler: (method, chat id, outcome status).
         self.mutations: list[tuple[str, str, int]] = []
         # httprate's sliding window: (user, path) -> (current window start, count, previous count)
@@ -170,14 +176,24 @@ class SimState(PubSub, HttpRate):
         wedged: bool = False,
         last_error: Any = None,
         mode: str | None = None,
+        kind: str | None = None,
     ) -> SimChat:
-        """A chat that entered ``status`` ``age`` seconds ago, then follows ``script``."""
+        """A chat that entered ``status`` ``age`` seconds ago, then follows ``script``.
+        ``kind`` matters under the chat-tree experiment: a chat given a ``parent`` is a
+        subagent unless ``kind="chat"`` (a named child); one without a parent goes under
+        its owner's tree root when there is one (:meth:`ChatTrees.placement`)."""
         self._check_status(status)
         for step in script or []:
             self._check_status(step.status)
+        kind, parent = self.placement(owner, parent, kind)
         now = self.now()
         cid = self.new_id()
-        root = parent.root_id or parent.id if parent else cid
+        if parent is None:
+            root: str | None = cid
+        elif kind == "subagent":
+            root = parent.root_id or parent.id
+        else:
+            root = None  # a named chat under the tree: no root_chat_id
         chat = SimChat(
             id=cid,
             owner_id=owner.id,
@@ -189,6 +205,7 @@ class SimState(PubSub, HttpRate):
             entered_at=now - age,
             parent_id=parent.id if parent else None,
             root_id=root,
+            kind=kind,
             workspace_id=workspace.id if workspace else None,
             labels=dict(labels or {}),
             script=deque(script or []),
@@ -203,7 +220,7 @@ class SimState(PubSub, HttpRate):
         self._by_owner.setdefault(owner.id, []).append(cid)
         if parent is not None:
             self._children.setdefault(parent.id, []).append(cid)
-            if root != cid:
+            if root is not None and root != cid:
                 self._family.setdefault(root, []).append(cid)
         if publish:
             self.publish(chat, "created")
@@ -290,7 +307,7 @@ class SimState(PubSub, HttpRate):
         )
         roots = children = 0
         for chat in running:
-            if chat.parent_id is None:
+            if chat.kind != "subagent":
                 roots += 1
                 over = f.capacity_roots is not None and roots > f.capacity_roots
             else:
@@ -344,20 +361,25 @@ class SimState(PubSub, HttpRate):
                     )
 
     def archive(self, chat_id: str) -> None:
-        """Archive a family: every member publishes ``deleted`` with ``archived: true``."""
+        """Archive a family (or, under the chat-tree experiment, a subtree): every member
+        publishes ``deleted`` with ``archived: true``."""
         chat = self.chats[chat_id]
         now = self.now()
-        for member in self.family(chat):
-            member.archived = True
-            member.updated_at = now
-            member.script.clear()
+        for member in self.members(chat):
+            # A member archived already is not written again, but is published with the
+            # rest (chatstate.SetFamilyArchived returns every member).
+            if not member.archived:
+                member.archived = True
+                member.updated_at = now
+                member.script.clear()
             self.publish(member, "deleted")
 
     def unarchive(self, chat_id: str) -> None:
-        """Unarchive a family: every member publishes ``created``."""
+        """Unarchive a family (under the chat-tree experiment: the chat and its direct
+        subagents): every member publishes ``created``."""
         chat = self.chats[chat_id]
         now = self.now()
-        for member in self.family(chat):
+        for member in self.unarchive_members(chat):
             member.archived = False
             member.updated_at = now
             self.publish(member, "created")
@@ -367,9 +389,6 @@ class SimState(PubSub, HttpRate):
         chat = self.chats.pop(chat_id)
         for child in self.children_of(chat.id):
             self.chats.pop(child.id, None)
-
-    def family(self, chat: SimChat) -> list[SimChat]:
-        return [chat, *(self.chats[c] for c in self._family.get(chat.id, ()) if c in self.chats)]
 
     def chats_of(self, owner_id: str) -> list[SimChat]:
         return [self.chats[c] for c in self._by_owner.get(owner_id, ()) if c in self.chats]

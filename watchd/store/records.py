@@ -96,6 +96,8 @@ class ChatRecord:
     warnings: tuple[str, ...] = ()
     # requires_action only: the tool calls its action_required event left pending.
     pending: tuple[ToolCall, ...] = ()
+    # root | chat | subagent (the chat-tree experiment); "" where the server does not say.
+    kind: str = ""
 
     @property
     def key(self) -> ChatKey:
@@ -157,6 +159,7 @@ def build(
             # status keeps them.
             bounded_calls(chat.tool_calls)
             or (p.pending if status == p.status == "requires_action" else ()),
+            chat.kind or p.kind,
         )
     return ChatRecord(
         identity,
@@ -179,6 +182,7 @@ def build(
         chat.context_error,
         chat.warnings,
         bounded_calls(chat.tool_calls) if chat.status == "requires_action" else (),
+        chat.kind,
     )
 
 

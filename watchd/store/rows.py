@@ -137,9 +137,10 @@ def chat_row(r: ChatRecord) -> tuple[Any, ...]:
                 r.context_error,
                 r.warnings,
                 [[c.tool_call_id, c.tool_name] for c in r.pending],
+                r.kind,
             ]
         )
-        if r.mode or r.client_type or r.context_error or r.warnings or r.pending
+        if r.mode or r.client_type or r.context_error or r.warnings or r.pending or r.kind
         else None,
     )
 
@@ -164,11 +165,13 @@ def chat_record(row: Iterable[Any]) -> ChatRecord:
         details,
     ) = row
     last_error = ChatError(**orjson.loads(err)) if err else None
-    # Rows written before pending tool calls were kept have four details.
+    # Rows written before pending tool calls were kept have four details, and before the
+    # chat's kind was kept five.
     mode, client_type, context_error, warnings, *rest = (
         orjson.loads(details) if details else ("", "", "", ())
     )
     pending = tuple(ToolCall(str(i), str(n)) for i, n in rest[0]) if rest else ()
+    kind = str(rest[1]) if len(rest) > 1 else ""
     return ChatRecord(
         identity=identity,
         chat_id=chat_id,
@@ -190,4 +193,5 @@ def chat_record(row: Iterable[Any]) -> ChatRecord:
         context_error=context_error,
         warnings=tuple(warnings),
         pending=pending,
+        kind=kind,
     )
