@@ -3,10 +3,13 @@ server hints; overflow is counted and the caller keeps working."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 from pathlib import Path
 
 import aiohttp
 import pytest
+import structlog
 
 from tests.fakes.hostile import endless, huge_declared, never_upgrades, one_day_please, serving
 from watchd.alerting.receivers.base import READ_CAPS, NotifyError, classify_http, post
@@ -84,6 +87,37 @@ async def test_a_receiver_that_streams_forever_is_read_a_few_kib(
         answer = await post(session, url + "/hook", body=b"{}", headers={}, deadline=5, who="r")
         assert answer.status == 200 and len(answer.text) <= 2000
         assert READ_CAPS["receiver_answers"] == before + 1
+
+
+async def test_a_close_delimited_answer_is_read_to_its_end_and_not_counted_cut(
+    session: aiohttp.ClientSession,
+) -> None:
+    """An HTTP/1.0 receiver whose 11-byte answer has no Content-Length (it ends when the
+    receiver closes, a moment later) is read whole: not counted or logged as cut."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        await reader.readexactly(int(length.group(1)) if length else 0)
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nhello world")
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the body's end is the close, which comes later
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        before = READ_CAPS["receiver_answers"]
+        with structlog.testing.capture_logs() as logged:
+            url = f"http://127.0.0.1:{port}/hook"
+            got = await post(session, url, body=b"{}", headers={}, deadline=5, who="r")
+        assert got.status == 200 and got.text == "hello world"
+        assert READ_CAPS["receiver_answers"] == before
+        assert not [e for e in logged if e["event"] == "receiver.answer_cut"]
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 def test_a_receivers_http_date_retry_after_is_honoured() -> None:

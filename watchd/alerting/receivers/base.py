@@ -150,6 +150,23 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
     return retry_hint(headers, server_now=time.time())
 
 
+async def read_answer(content: aiohttp.StreamReader) -> tuple[bytes, bool]:
+    """The answer's body up to MAX_ANSWER bytes, and whether it went on past them.
+
+    One ``read(n)`` returns what has arrived so far: a close-delimited body (HTTP/1.0, no
+    ``Content-Length``) ends only when the receiver closes, so one read of a short answer
+    is not its end. Read until the end or one byte past the bound, whichever comes first
+    (the request's deadline bounds the wait).
+    """
+    raw = bytearray()
+    while len(raw) <= MAX_ANSWER:
+        chunk = await content.read(MAX_ANSWER + 1 - len(raw))
+        if not chunk:
+            return bytes(raw), False
+        raw += chunk
+    return bytes(raw[:MAX_ANSWER]), True
+
+
 async def post(
     session: aiohttp.ClientSession,
     url: str,
@@ -168,8 +185,8 @@ async def post(
             timeout=aiohttp.ClientTimeout(total=deadline),
             allow_redirects=False,
         ) as r:
-            raw = await r.content.read(MAX_ANSWER)
-            if not r.content.at_eof():
+            raw, cut = await read_answer(r.content)
+            if cut:
                 READ_CAPS["receiver_answers"] += 1
                 log.warning("receiver.answer_cut", receiver=who, read_bytes=MAX_ANSWER)
             text = raw.decode("utf-8", "replace")[:2000]
