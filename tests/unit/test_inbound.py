@@ -12,6 +12,7 @@ import pytest
 from watchd.daemon.inbound import HEADER_TIMEOUT, REQUEST_TIMEOUT, inbound_cap
 from watchd.daemon.ingesting import IngestPort
 from watchd.daemon.server import Server
+from watchd.daemon.silences_api import AdminToken
 from watchd.telemetry.events import QueueSink
 
 pytestmark = pytest.mark.looptime
@@ -29,6 +30,8 @@ async def server() -> AsyncIterator[Server]:
         identities=0,
         silences=silences,
         render_metrics=lambda: b"",
+        admin=AdminToken(lambda: None),
+        reload=lambda: None,  # not routed to in these tests
     )
     await s.start()
     yield s

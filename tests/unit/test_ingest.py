@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 import watchd.daemon.server as server_module
 from watchd.daemon.ingesting import IngestPort
 from watchd.daemon.server import Server
+from watchd.daemon.silences_api import AdminToken
 from watchd.telemetry.events import QueueSink
 from watchd.telemetry.ingest import (
     STEP,
@@ -126,6 +127,8 @@ def _server(sink: QueueSink) -> Server:
         identities=0,
         silences=silences,
         render_metrics=lambda: b"",
+        admin=AdminToken(lambda: None),
+        reload=lambda: None,  # not routed to in these tests
     )
 
 

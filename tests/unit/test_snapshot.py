@@ -60,7 +60,7 @@ async def test_a_snapshot_stays_as_it_was_taken(daemon: Daemon) -> None:
     daemon.store.overflow += 1
     daemon.health["team-a"].reconnects += 1
     daemon.ingest.count("rejected")
-    daemon.reloads["applied"] += 1
+    daemon.reloads.counts["applied"] += 1
     assert before.store.overflow == 0 and before.health["team-a"].reconnects == 0
     assert before.telemetry["ingest"]["rejected"] == 0 and before.reloads["applied"] == 0
     after = daemon.snapshot()

@@ -1,4 +1,5 @@
-"""``watchd run``: the daemon in the foreground until SIGTERM or SIGINT; SIGHUP reloads.
+"""``watchd run``: the daemon in the foreground until SIGTERM or SIGINT; SIGHUP reloads
+(as ``POST /-/reload`` does).
 
 Exits 2 before starting when the config, a secret or a preflight check fails
 (README's command table), 0 after a clean shutdown, 1 when the ordered shutdown
@@ -38,6 +39,7 @@ def main(args: argparse.Namespace) -> int:
     from watchd.daemon.app import Daemon
     from watchd.daemon.inbound import inbound_cap, raise_fd_limit
     from watchd.daemon.preflight import StartupError
+    from watchd.daemon.reloading import Outcome
 
     path = config_path(args.config)
     loaded = load_or_report(args)
@@ -72,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
         daemon = Daemon(config, secrets, config_path=path)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig.name)
-        reloading: set[asyncio.Task[bool]] = set()
+        reloading: set[asyncio.Task[Outcome]] = set()
 
         def on_hup() -> None:
             logs.get("watchd").info("signal.received", signal="SIGHUP")

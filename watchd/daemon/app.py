@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import aiohttp
 
@@ -36,7 +36,7 @@ from watchd.daemon.metrics import Metrics
 from watchd.daemon.preflight import StartupError, bind_problem, effective_state_dir, open_state
 from watchd.daemon.sdnotify import SdNotifier, keep_informed
 from watchd.daemon.server import Server
-from watchd.daemon.silences_api import SilenceBook, SilencesApi
+from watchd.daemon.silences_api import AdminToken, SilenceBook, SilencesApi
 from watchd.daemon.snapshot import Snapshot
 from watchd.daemon.spans import build_pipeline, file_sources
 from watchd.daemon.statewatch import StateWatch
@@ -84,8 +84,6 @@ class Daemon:
     ) -> None:
         self.config_path = config_path
         self.notifier = notifier or SdNotifier()
-        self.reloads = {"applied": 0, "rejected": 0}
-        self.last_reload: dict[str, Any] | None = None
         self.config, self.secrets = config, secrets
         # Which identities this replica watches (sharding; all of them by default). A
         # replica number that cannot be read is a config problem `run` reports first.
@@ -100,6 +98,7 @@ class Daemon:
         # the monotonic clock. Deadlines, server-clock estimates and repeat intervals all
         # read it, so a step of the host clock (NTP, a VM restore) moves none of them.
         self.clock = LoopClock()
+        self.reloads = reloading.Reloads(self.clock.now)
         self.store = ChatStore()
         self.telemetry = build_pipeline(config.telemetry)
         if events is None:
@@ -125,14 +124,17 @@ class Daemon:
         self.telemetry.on_forwarded = self.detector.timelines.transport
         self.history = ChatHistory()
         self.ingest = IngestPort(sink=self.telemetry.sink, token=lambda: self.secrets.ingest_token)
+        admin = AdminToken(lambda: self.secrets.admin_token)
         self.server = Server(
             self,
             ingest=self.ingest,
             listen=config.server.listen,
             max_body_bytes=config.server.max_body_bytes,
             identities=len(config.identities),
-            silences=SilencesApi(self.silences, lambda: self.secrets.admin_token),
+            silences=SilencesApi(self.silences, admin),
             render_metrics=self.metrics.render,
+            admin=admin,
+            reload=self.reload,
         )
         self.metrics.registry.register(self.server.inbound)
         log.info(
@@ -278,7 +280,6 @@ class Daemon:
             ingest=self.ingest,
             file_sources=self.file_sources,
             reloads=self.reloads,
-            last_reload=self.last_reload,
         )
 
     def settled(self) -> bool:
@@ -308,23 +309,21 @@ class Daemon:
             progressing=self.progressing,
         )
 
-    async def reload(self) -> bool:
-        """SIGHUP: apply a new config; an invalid one keeps the old one running."""
-        self.notifier.reloading()
+    async def reload(self) -> reloading.Outcome:
+        """SIGHUP and POST /-/reload: apply a new config; an invalid one keeps the old one
+        running. The file is compared with what runs (reloading.propose)."""
         fixed = frozenset() if self._settings_from_config else frozenset({"reconcile_interval"})
-        try:
-            proposal = reloading.propose(self.config_path, self.config, fixed=fixed)
-        except ConfigError as exc:
-            self.reloads["rejected"] += 1
-            log.error(
-                "reload.rejected",
-                problems=exc.problems,
-                note="the previous configuration stays in force",
-            )
-            self.notifier.notify(READY="1", STATUS="reload rejected: " + exc.problems[0][:200])
-            return False
+        return await self.reloads.run(
+            lambda: reloading.propose(self.config_path, self.config, fixed=fixed),
+            self._apply,
+            notifier=self.notifier,
+            status_line=self.status_line,
+        )
+
+    async def _apply(self, proposal: reloading.Proposal) -> dict[str, list[str]]:
+        """Carry a valid proposal out; ``self.config`` becomes what runs."""
         previous = self.config
-        config, secrets, index = proposal.config, proposal.secrets, proposal.index
+        config, secrets, index = proposal.running, proposal.secrets, proposal.index
         if self._settings_from_config:
             self.settings = dataclasses.replace(
                 self.settings, reconcile_interval=config.reconcile_interval
@@ -357,15 +356,7 @@ class Daemon:
             )
             self.dispatcher.external_url = config.server.external_url
             self.metrics.receivers(list(self.dispatcher.notifiers))
-        self.reloads["applied"] += 1
-        self.last_reload = reloading.announce(
-            proposal, {"added": p.added, "removed": p.removed, "changed": p.changed}
-        )
-        status = self.status_line()
-        if proposal.restart:
-            status += f"; restart needed for {', '.join(proposal.restart)}"
-        self.notifier.notify(READY="1", STATUS=status)
-        return True
+        return {"added": p.added, "removed": p.removed, "changed": p.changed}
 
     def add_identity(self, ident: IdentityConfig) -> None:
         self.identities.add(

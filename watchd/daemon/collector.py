@@ -149,10 +149,32 @@ class Live(Collector):
             counter("watchd_store_overflow_total", "Chats not stored: store at capacity.", []),
             snap.store.overflow,
         )
-        reloads = counter("watchd_config_reloads_total", "SIGHUP reloads by outcome.", ["outcome"])
+        reloads = counter(
+            "watchd_config_reloads_total",
+            "Reloads (SIGHUP, POST /-/reload) by outcome: applied, rejected (invalid file), "
+            "failed (applying it failed).",
+            ["outcome"],
+        )
         for k, v in sorted(snap.reloads.items()):
             reloads.add_metric([k], v)
         yield reloads
+        # Prometheus' and Alertmanager's names, so their dashboards and rules carry over.
+        yield single(
+            gauge(
+                "watchd_config_last_reload_successful",
+                "1 when the last reload (or the start-up load) succeeded.",
+                [],
+            ),
+            1.0 if snap.reload_successful else 0.0,
+        )
+        yield single(
+            gauge(
+                "watchd_config_last_reload_success_timestamp_seconds",
+                "When a reload (or the start-up load) last succeeded.",
+                [],
+            ),
+            round(snap.reload_success_at, 3),
+        )
         yield single(
             gauge("watchd_state_pending_writes", "Chat records not yet flushed to disk.", []),
             snap.state.pending,

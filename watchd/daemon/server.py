@@ -1,5 +1,6 @@
 """The daemon's HTTP server: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``, the
-transport-event ingest and the admission answer (both behind the ingest bearer token).
+transport-event ingest and the admission answer (both behind the ingest bearer token),
+and ``POST /-/reload`` (behind the admin token) for config-reloader sidecars.
 
 Liveness is proved by the loop answering at all, by a heartbeat task the loop
 must keep running and by no process-wide task crash-looping
@@ -14,7 +15,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 from aiohttp import web
@@ -23,7 +24,8 @@ from watchd.daemon.admission import Counts, admission
 from watchd.daemon.inbound import ACCEPT_BACKLOG, HEADER_TIMEOUT, Inbound
 from watchd.daemon.ingesting import IngestPort
 from watchd.daemon.metrics import CONTENT_TYPE
-from watchd.daemon.silences_api import SilencesApi
+from watchd.daemon.reloading import Outcome
+from watchd.daemon.silences_api import AdminToken, SilencesApi
 from watchd.daemon.status import StatusQuery, status_document
 from watchd.daemon.status_page import status_html
 from watchd.daemon.timeline import timeline_document, timeline_html
@@ -34,6 +36,10 @@ from watchd.telemetry.ingest import IngestError, NoRoom, parse_batch_stepwise
 # Ingest batches read and waiting for the parse slot at most (each up to max_body_bytes);
 # one more is answered 503 and counted as refused_busy.
 MAX_WAITING_BATCHES = 64
+RELOAD_OFF = (
+    "reloading over HTTP needs the admin token: set server.admin_token_file (or _env, "
+    "_credential); SIGHUP reloads without it"
+)
 
 
 class Server:
@@ -51,8 +57,12 @@ class Server:
         identities: int,
         silences: SilencesApi,
         render_metrics: Callable[[], bytes],
+        admin: AdminToken,
+        reload: Callable[[], Awaitable[Outcome]],
     ) -> None:
         self.daemon = daemon
+        self.admin = admin
+        self._reload = reload
         self.intake = ingest
         self.max_body_bytes = max_body_bytes
         self.render_metrics = render_metrics
@@ -73,6 +83,7 @@ class Server:
         self.app.router.add_get("/metrics", self.metrics)
         self.app.router.add_post("/v1/transport-events", self.ingest)
         self.app.router.add_get("/v1/admission", self.admission)
+        self.app.router.add_post("/-/reload", self.reload)
         self.counts = Counts()
         # Batches are parsed one at a time (the others wait their turn, already read):
         # each loop turn then holds one parse step, not one per sender, and /healthz and
@@ -176,6 +187,20 @@ class Server:
         return web.Response(
             body=self.render_metrics(),
             headers={"Content-Type": CONTENT_TYPE, "X-Content-Type-Options": "nosniff"},
+        )
+
+    async def reload(self, request: web.Request) -> web.Response:
+        """The SIGHUP path over HTTP, answered as Prometheus' ``/-/reload``: 200 with what
+        was applied and what needs a restart, 400 with the file's problems (nothing
+        changed), 500 when applying failed."""
+        refused = self.admin.refusal(request, off=RELOAD_OFF)
+        if refused is not None:
+            return refused
+        outcome = await self._reload()
+        return web.Response(
+            text=REGISTRY.scrub(orjson.dumps(outcome.body, option=orjson.OPT_INDENT_2).decode()),
+            status=outcome.status,
+            content_type="application/json",
         )
 
     async def debug_block(self, request: web.Request) -> web.Response:

@@ -1,4 +1,5 @@
-"""The runtime silences API: ``GET/POST /api/v1/silences``, ``DELETE …/{id}``.
+"""The runtime silences API: ``GET/POST /api/v1/silences``, ``DELETE …/{id}``; and the
+admin token's check, which ``POST /-/reload`` shares.
 
 Listing needs the admin token when one is set; changing silences always does
 (without a token, silences are read-only and config-defined). A silence added
@@ -110,30 +111,20 @@ def parse_silence(body: object, now: float) -> Silence:
     )
 
 
-class SilencesApi:
-    """The handlers, bound to a book and to the admin token in force (it can be reloaded)."""
+class AdminToken:
+    """The admin bearer token in force (read on each check: a reload may change it)."""
 
-    def __init__(self, book: SilenceBook, admin_token: Callable[[], SecretStr | None]) -> None:
-        self.book = book
-        self._admin_token = admin_token
+    def __init__(self, token: Callable[[], SecretStr | None]) -> None:
+        self._token = token
 
-    def routes(self, app: web.Application) -> None:
-        app.router.add_get("/api/v1/silences", self.list)
-        app.router.add_post("/api/v1/silences", self.add)
-        app.router.add_delete("/api/v1/silences/{id}", self.expire)
-
-    def _authorized(self, request: web.Request, *, mutate: bool) -> web.Response | None:
-        token = self._admin_token()
+    def refusal(self, request: web.Request, *, off: str | None) -> web.Response | None:
+        """None when the request may go on. 401 unless it bears the token; with no token
+        configured, 403 saying ``off`` (or None when ``off`` is None: open to reading)."""
+        token = self._token()
         if token is None:
-            if mutate:
-                return web.json_response(
-                    {
-                        "error": "silences are read-only: set server.admin_token_file (or _env, "
-                        "_credential) to manage them at runtime"
-                    },
-                    status=403,
-                )
-            return None
+            if off is None:
+                return None
+            return web.json_response({"error": off}, status=403)
         given = request.headers.get("Authorization", "")
         expected = f"Bearer {token.get_secret_value()}"
         if not hmac.compare_digest(given.encode(), expected.encode()):
@@ -143,6 +134,28 @@ class SilencesApi:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         return None
+
+
+READ_ONLY = (
+    "silences are read-only: set server.admin_token_file (or _env, _credential) to manage "
+    "them at runtime"
+)
+
+
+class SilencesApi:
+    """The handlers, bound to a book and to the admin token in force."""
+
+    def __init__(self, book: SilenceBook, admin: AdminToken) -> None:
+        self.book = book
+        self.admin = admin
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/api/v1/silences", self.list)
+        app.router.add_post("/api/v1/silences", self.add)
+        app.router.add_delete("/api/v1/silences/{id}", self.expire)
+
+    def _authorized(self, request: web.Request, *, mutate: bool) -> web.Response | None:
+        return self.admin.refusal(request, off=READ_ONLY if mutate else None)
 
     async def list(self, request: web.Request) -> web.Response:
         denied = self._authorized(request, mutate=False)

@@ -19,6 +19,7 @@ from watchd.alerting.receivers.base import READ_CAPS
 from watchd.alerting.receivers.simple import AlertmanagerNotifier
 from watchd.daemon.heartbeat import Heartbeat, HeartbeatSnapshot
 from watchd.daemon.ingesting import IngestPort
+from watchd.daemon.reloading import Reloads
 from watchd.daemon.sweeping import SweepSlot, SweepSnapshot
 from watchd.store.chats import ChatStore, StoreSnapshot
 from watchd.store.health import HealthSnapshot, IdentityHealth
@@ -71,8 +72,10 @@ class Snapshot:
     dispatch: DispatchSnapshot | None
     telemetry: Mapping[str, Any]
     limits: Mapping[str, int]  # every bounded read that hit its bound
-    reloads: Mapping[str, int]
-    last_reload: Mapping[str, Any] | None
+    reloads: Mapping[str, int]  # by outcome
+    last_reload: Mapping[str, Any] | None  # the last applied reload
+    reload_successful: bool  # the last reload (or the start-up load) succeeded
+    reload_success_at: float  # when a reload (or the start-up load) last succeeded
 
 
 def take(
@@ -87,8 +90,7 @@ def take(
     telemetry: SpanPipeline,
     ingest: IngestPort,
     file_sources: Sequence[FileSource],
-    reloads: Mapping[str, int],
-    last_reload: Mapping[str, Any] | None,
+    reloads: Reloads,
 ) -> Snapshot:
     census = {name: store.census(name) for name in health}
     return Snapshot(
@@ -110,8 +112,10 @@ def take(
             "file_sources": [f.snapshot() for f in file_sources],
         },
         limits=read_caps(health, watchers),
-        reloads=dict(reloads),
-        last_reload=last_reload,
+        reloads=dict(reloads.counts),
+        last_reload=reloads.last,
+        reload_successful=reloads.successful,
+        reload_success_at=reloads.success_at,
     )
 
 
