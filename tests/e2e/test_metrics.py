@@ -87,3 +87,26 @@ async def test_latency_histograms_observe_confirmations_and_notifications(
     await eventually(observed, within=15)
     text = await scrape(d)
     assert value(text, 'watchd_alerts_firing{alertname="ChatStuck",identity="team-a"}') == 1.0
+
+
+async def test_requests_to_coder_are_counted_by_route_template_never_by_chat_id(
+    start_sim: StartSim, start_daemon: StartDaemon
+) -> None:
+    """The daemon's listings and a stuck chat's confirmation read are counted and timed
+    under their route templates, each identity's limiter wait is exported from the
+    start, and the chat's id is nowhere on /metrics."""
+    sim = start_sim()
+    d = start_daemon(sim)
+    await d.wait_ready()
+    chat = await sim.add_chat("alice", status="running")
+    await eventually(lambda: d.firing("ChatStuck"), within=15)
+    text = await scrape(d)
+    listing = 'method="GET",path="/api/v2/chats",status="2xx"'
+    single = 'method="GET",path="/api/v2/chats/{chat}",status="2xx"'
+    assert (value(text, f"watchd_coder_requests_total{{{listing}}}") or 0) >= 1
+    assert (value(text, f"watchd_coder_requests_total{{{single}}}") or 0) >= 1
+    assert value(text, "watchd_coder_requests_total{" + listing.replace("2xx", "429") + "}") == 0
+    timed = 'watchd_coder_request_duration_seconds_count{method="GET",path="/api/v2/chats/{chat}"}'
+    assert (value(text, timed) or 0) >= 1
+    assert value(text, 'watchd_coder_ratelimit_wait_seconds_total{identity="team-a"}') == 0.0
+    assert chat not in text

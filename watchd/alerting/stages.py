@@ -91,7 +91,7 @@ async def retry_notify(
     notification: Notification,
     *,
     notifier: Notifier,
-    throttle: Callable[[], Awaitable[None]],
+    throttle: Callable[[], Awaitable[object]],
     stats: ReceiverStats,
     now: Callable[[], float],
     budget: float,

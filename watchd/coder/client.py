@@ -29,10 +29,10 @@ from watchd.coder.models import (
 )
 from watchd.coder.observing import Observation, Quota, flatten, from_json
 from watchd.coder.pages import ListingPage, read_page
+from watchd.coder.routes import PREFIXES
 from watchd.coder.transport import MAX_BODY, Response, Transport
 from watchd.kits.backoff import Backoff
 
-PREFIXES = ("/api/v2", "/api/experimental")
 # coderd has no page-size maximum (``ParsePagination`` checks only for a non-negative
 # int32); big pages cut requests and shorten the window in which the moving cursor can
 # skip a row. See docs/coder-api.md.

@@ -3,8 +3,10 @@
 Every request and every watch dial passes through :class:`Transport`, which
 adds the token (only ever in the ``Coder-Session-Token`` header), learns the
 deployment's clock from ``Date``, paces requests through the identity's
-limiter, and emits ``http:*`` / ``ws:*`` transport events. Nothing above this
-module touches aiohttp's client directly.
+limiter, emits ``http:*`` / ``ws:*`` transport events, and tells its
+:class:`Meter` (the daemon's ``/metrics``) of every request's answer and time and of
+every wait for the limiter. Nothing above this module touches aiohttp's client
+directly.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import itertools
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import aiohttp
@@ -53,6 +55,17 @@ log = logs.get("watchd.coder")
 # What ``urlencode`` (``quote_plus``) leaves as it is: a query made only of these (every
 # listing page's: ``limit``, a chat-UUID cursor) is joined directly.
 _PLAIN = re.compile(r"[A-Za-z0-9_.~-]*")
+
+
+class Meter(Protocol):
+    """Told the plain facts of each request; it labels them (bounded: coder.routes)."""
+
+    def request(self, method: str, path: str, status: int | None, seconds: float) -> None:
+        """One exchange: its path without the query, the answer's status (None: none came),
+        and its time from sending to the body read (the limiter's wait excluded)."""
+
+    def waited(self, identity: str, seconds: float) -> None:
+        """A request of ``identity`` waited this long for its rate limiter."""
 
 
 class OversizeResponse(PayloadError):
@@ -100,6 +113,7 @@ class Transport:
         limiter: RateLimiter | None = None,
         timeout: float = 30.0,
         user_agent: str = USER_AGENT,
+        meter: Meter | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.user_agent = user_agent
@@ -112,6 +126,7 @@ class Transport:
         )
         self.server_clock = server_clock or ServerClock()
         self.limiter = limiter or RateLimiter(rate=6.0, burst=30)
+        self.meter = meter
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, 10.0))
         # Nothing is built for events nobody will read (the daemon without own_events).
         self._quiet = type(self._events) is NullSink
@@ -147,7 +162,7 @@ class Transport:
     ) -> Response:
         """One HTTP exchange. Non-2xx answers raise :class:`CoderError` (with hints); a
         body over ``max_body`` bytes raises :class:`OversizeResponse` (counted)."""
-        await self.limiter.acquire()
+        await self._pace()
         full_path = path + ("?" + query(params) if params else "")
         rid = f"{self.identity}-{next(self._ids)}"
         self.requests += 1
@@ -156,6 +171,7 @@ class Transport:
             self._emit(HttpRequest(timestamp=now_ms(), id=rid, method=method, path=full_path))
         sent_wall = self.server_clock.wall_now()
         started = time.monotonic()
+        status: int | None = None
         try:
             async with self._session.request(
                 method,
@@ -169,23 +185,18 @@ class Transport:
                 headers = dict(resp.headers.items())
                 body = await self._read(resp, max_body)
         except OversizeResponse as exc:
-            self.oversize += 1
-            log.warning(
-                "coder.response_too_large",
-                identity=self.identity,
-                method=method,
-                path=path,
-                limit_bytes=max_body,
-            )
+            self._meter(method, path, status, started)
+            self._cut(method, path, max_body)
             self._emit_error(rid, method, full_path, str(exc), started)
             raise
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            self._meter(method, path, None, started)
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             self._emit_error(rid, method, full_path, message, started)
             raise CoderError(
                 status=None, message=message[:300], method=method, path=full_path
             ) from None
-        duration = (time.monotonic() - started) * 1000
+        duration = self._meter(method, path, status, started) * 1000
         self.server_clock.observe(
             headers.get("Date"), sent_at=sent_wall, received_at=self.server_clock.wall_now()
         )
@@ -213,6 +224,30 @@ class Transport:
                 retry_after=hint,
             )
         return response
+
+    async def _pace(self) -> None:
+        """Wait for the identity's limiter (the wait told to the meter)."""
+        waited = await self.limiter.acquire()
+        if waited and self.meter is not None:
+            self.meter.waited(self.identity, waited)
+
+    def _meter(self, method: str, path: str, status: int | None, started: float) -> float:
+        """Tell the meter of one exchange (``status`` None: no answer); its seconds."""
+        elapsed = time.monotonic() - started
+        if self.meter is not None:
+            self.meter.request(method, path, status, elapsed)
+        return elapsed
+
+    def _cut(self, method: str, path: str, limit: int) -> None:
+        """A body over its bound: counted and logged (the caller raises)."""
+        self.oversize += 1
+        log.warning(
+            "coder.response_too_large",
+            identity=self.identity,
+            method=method,
+            path=path,
+            limit_bytes=limit,
+        )
 
     def _emit_error(self, rid: str, method: str, path: str, message: str, started: float) -> None:
         self._emit(

@@ -178,6 +178,7 @@ class Identities:
                 rate=ident.requests_per_minute / 60.0, burst=max(5, ident.requests_per_minute // 10)
             ),
             user_agent=user_agent,
+            meter=self.metrics.coder,
         )
         client = CoderClient(transport, page_size=ident.page_size)
         watcher = IdentityWatcher(

@@ -1,6 +1,7 @@
 """``/metrics`` through prometheus-client: the daemon's registry, with the process and
 Python collectors, the histograms of listing, confirmation and notification latency
-(observed by hooks), and the live collector (:mod:`watchd.daemon.collector`) whose
+(observed by hooks), the requests to Coder (told by each identity's transport:
+:class:`CoderRequests`), and the live collector (:mod:`watchd.daemon.collector`) whose
 counters and gauges are read from the live objects at scrape time.
 
 Every labelled histogram child exists from start-up (at 0), so ``rate()`` and
@@ -15,6 +16,7 @@ import contextlib
 
 from prometheus_client import (
     CollectorRegistry,
+    Counter,
     GCCollector,
     Histogram,
     PlatformCollector,
@@ -23,6 +25,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from watchd.coder import routes
 from watchd.daemon.collector import Live
 from watchd.daemon.families import NON_TERMINAL
 from watchd.daemon.view import DaemonView
@@ -37,6 +40,9 @@ LISTING_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 CONFIRM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # First attempt to acceptance, retries and Retry-After included.
 NOTIFY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# One exchange with Coder: a chat GET takes milliseconds, a 500-chat listing page up to
+# seconds, the transport's timeout is 30 s.
+CODER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Time in a non-terminal status: seconds (a quick turn) to a day, so budgets from a
 # minute to hours fall on a bucket edge (1m, 2m, 5m, 10m, 15m, 30m, 1h, 2h, 4h, 12h).
 STATUS_BUCKETS = (
@@ -81,11 +87,13 @@ class Metrics:
             buckets=STATUS_BUCKETS,
             registry=self.registry,
         )
+        self.coder = CoderRequests(self.registry)
         self.registry.register(Live(daemon))
 
     def identity_added(self, name: str) -> None:
         self.listing.labels(name)
         self.confirmation.labels(name)
+        self.coder.wait.labels(name)
         for status in NON_TERMINAL:
             self.status_duration.labels(name, status)
 
@@ -95,7 +103,7 @@ class Metrics:
         self.status_duration.labels(identity, label).observe(seconds)
 
     def identity_removed(self, name: str) -> None:
-        for h in (self.listing, self.confirmation):
+        for h in (self.listing, self.confirmation, self.coder.wait):
             with contextlib.suppress(KeyError):
                 h.remove(name)
         for status in NON_TERMINAL:
@@ -112,3 +120,45 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class CoderRequests:
+    """Every request to Coder, as each identity's transport tells it (its Meter): by
+    method, route template and answer class, summed over identities (so the series stay
+    a few hundred however many identities); the limiter's waits per identity. Labels come
+    from coder.routes' bounded sets: never a chat id, a workspace id or a query."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "watchd_coder_requests_total",
+            "Requests to Coder by method, route template and answer class (2xx, 3xx, 4xx, "
+            "429, 5xx; error: no answer), retries each counted.",
+            ["method", "path", "status"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "watchd_coder_request_duration_seconds",
+            "Requests to Coder from sending to the body read (the rate limiter's wait "
+            "excluded), by method and route template.",
+            ["method", "path"],
+            buckets=CODER_BUCKETS,
+            registry=registry,
+        )
+        self.wait = Counter(
+            "watchd_coder_ratelimit_wait_seconds_total",
+            "Time requests waited for their identity's rate limiter (requests_per_minute).",
+            ["identity"],
+            registry=registry,
+        )
+        for method, path in routes.ROUTES:
+            self.duration.labels(method, path)
+            for status in routes.STATUSES:
+                self.requests.labels(method, path, status)
+
+    def request(self, method: str, path: str, status: int | None, seconds: float) -> None:
+        m, route = routes.method(method), routes.template(path)
+        self.requests.labels(m, route, routes.status_class(status)).inc()
+        self.duration.labels(m, route).observe(seconds)
+
+    def waited(self, identity: str, seconds: float) -> None:
+        self.wait.labels(identity).inc(seconds)

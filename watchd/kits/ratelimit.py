@@ -32,7 +32,9 @@ class RateLimiter:
         self._tokens = min(self.burst, self._tokens + (now - stamp) * self.rate)
         self._stamp = now
 
-    async def acquire(self) -> None:
+    async def acquire(self) -> float:
+        """Take a token, waiting for one if need be; the seconds waited (loop clock), 0.0
+        when one was there at once."""
         loop = asyncio.get_running_loop()
         if not self._queued:
             # Nobody ahead: take a token now if there is one, as the locked path below
@@ -41,8 +43,9 @@ class RateLimiter:
             self._refill(loop.time())
             if self._tokens >= 1.0:
                 self._tokens -= 1.0
-                return
+                return 0.0
         self._queued += 1
+        asked = loop.time()
         try:
             async with self._lock:
                 self._refill(loop.time())
@@ -54,3 +57,4 @@ class RateLimiter:
                 self._tokens -= 1.0
         finally:
             self._queued -= 1
+        return loop.time() - asked

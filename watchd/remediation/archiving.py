@@ -44,7 +44,7 @@ async def archive(
     identity: str,
     chat: Observation,
     *,
-    acquire: Callable[[], Awaitable[None]],
+    acquire: Callable[[], Awaitable[object]],
 ) -> Archival:
     """Archive ``chat`` (just read, settled) through the chat its archive goes to, unless
     its family holds it up; ``acquire`` waits for the identity's action rate."""

@@ -34,7 +34,7 @@ async def recover(
     *,
     said: str,
     opted_in: bool,
-    acquire: Callable[[], Awaitable[None]],
+    acquire: Callable[[], Awaitable[object]],
 ) -> Outcome:
     """What became of a chat whose mutation answered 409 "Chat is in an invalid state."
     (``said`` describes that answer); ``acquire`` waits for the identity's action rate."""
