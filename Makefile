@@ -52,5 +52,10 @@ bench: $(STAMP)
 		npm install --prefix bench/node --no-audit --no-fund --silent; fi
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
+# The config's JSON Schema, generated from the models (a test fails when they drift).
+.PHONY: schema
+schema: $(STAMP)
+	$(BIN)/python -m watchd.config.schema -o config/watchd.schema.json
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -15,7 +15,14 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
 
 from watchd.kits.matchers import MatcherError, parse_matcher
 
@@ -54,7 +61,15 @@ def parse_duration(value: Any) -> float:
     return total
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+# A duration as the file may write it, for the JSON Schema (config/watchd.schema.json):
+# parse_duration's own grammar, or a number of seconds.
+DurationInput = (
+    Annotated[str, StringConstraints(pattern=rf"^\s*(?:{_DURATION.pattern})+\s*$")]
+    | Annotated[float, Field(ge=0)]
+)
+# Every duration field's validator: parse the text, and say what it takes in the schema.
+AS_DURATION = BeforeValidator(parse_duration, json_schema_input_type=DurationInput)
+Duration = Annotated[float, AS_DURATION]
 
 
 def floor(seconds: float, why: str) -> AfterValidator:
@@ -73,10 +88,8 @@ def floor(seconds: float, why: str) -> AfterValidator:
 
 # Floors: each stops a setting from turning into a busy loop or a hair trigger.
 TICK = "anything shorter is a busy loop"
-Budget = Annotated[float, BeforeValidator(parse_duration), floor(1.0, "a budget is time in status")]
-Timeout = Annotated[
-    float, BeforeValidator(parse_duration), floor(0.1, "no request completes that fast")
-]
+Budget = Annotated[float, AS_DURATION, floor(1.0, "a budget is time in status")]
+Timeout = Annotated[float, AS_DURATION, floor(0.1, "no request completes that fast")]
 
 
 def format_duration(seconds: float, *, exact: bool = False) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 from watchd.config.alerting import (
     DIRECT_KINDS,
@@ -25,7 +25,13 @@ from watchd.config.alerting import (
     default_inhibit,
     route_receivers,
 )
-from watchd.config.fields import ConfigError, Strict, floor, format_duration, parse_duration
+from watchd.config.fields import (
+    AS_DURATION,
+    ConfigError,
+    Strict,
+    floor,
+    format_duration,
+)
 from watchd.config.process import HeartbeatConfig, ServerConfig, ShardingConfig
 from watchd.config.sweep import SweepConfig
 from watchd.config.telemetry import TelemetryConfig
@@ -54,7 +60,7 @@ class Config(Strict):
     # how long a lost transition stays unseen.
     reconcile_interval: Annotated[
         float,
-        BeforeValidator(parse_duration),
+        AS_DURATION,
         floor(5.0, "a full listing per identity more often only burns Coder's rate budget"),
     ] = 60.0
     detection: DetectionConfig = Field(default_factory=DetectionConfig)

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from watchd.config.fields import (
+    AS_DURATION,
     TICK,
     SecretRef,
     Strict,
     Timeout,
     floor,
     http_url,
-    parse_duration,
 )
 
 
@@ -26,7 +26,8 @@ class ServerConfig(Strict):
     ingest_token_file: str | None = None
     ingest_token_env: str | None = None
     ingest_token_credential: str | None = None
-    # Bearer token for the runtime silence API; without it silences are read-only.
+    # Bearer token for the runtime silence API and POST /-/reload; without it silences are
+    # read-only and only SIGHUP reloads.
     admin_token_file: str | None = None
     admin_token_env: str | None = None
     admin_token_credential: str | None = None
@@ -76,7 +77,7 @@ class HeartbeatConfig(Strict):
 
     # Dead man's switch services expect a beat every minute or so; they alert after a
     # few missed ones (configure their grace at 2-3 intervals).
-    interval: Annotated[float, BeforeValidator(parse_duration), floor(1.0, TICK)] = 60.0
+    interval: Annotated[float, AS_DURATION, floor(1.0, TICK)] = 60.0
     # Receivers that get the always-firing `Watchdog` alert directly every interval
     # (Prometheus' convention: an Alertmanager route to a DMS, a webhook to a heartbeat
     # integration). Sent outside aggregation groups: a group would repeat it by itself.

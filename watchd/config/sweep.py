@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import Field, field_validator
 
-from watchd.config.fields import TICK, Matchers, Strict, check_matchers, floor, parse_duration
+from watchd.config.fields import (
+    AS_DURATION,
+    TICK,
+    Matchers,
+    Strict,
+    check_matchers,
+    floor,
+)
 
 # Never paused: its owner is editing a queued message (and coderd refuses to archive
 # its family).
@@ -21,7 +28,7 @@ class SweepPolicy(Strict):
     # Time in status (server clock) before the policy applies, e.g. 2h, or 7d for orphans.
     older_than: Annotated[
         float,
-        BeforeValidator(parse_duration),
+        AS_DURATION,
         floor(1.0, "a policy acts on time in status"),
     ]
     # interrupt: stop the run; archive: archive idle chats; interrupt_then_archive: both,
@@ -51,18 +58,14 @@ class SweepConfig(Strict):
 
     enabled: bool = False
     dry_run: bool = True
-    interval: Annotated[float, BeforeValidator(parse_duration), floor(1.0, TICK)] = 60.0
+    interval: Annotated[float, AS_DURATION, floor(1.0, TICK)] = 60.0
     # Mutations per identity per minute: sweeping must never look like an attack.
     actions_per_minute: Annotated[int, Field(ge=1, le=600)] = 30
     concurrency: Annotated[int, Field(ge=1, le=32)] = 2
     # How long an interrupted chat may take to settle before the sweep gives up on it.
-    settle_timeout: Annotated[
-        float, BeforeValidator(parse_duration), floor(1.0, "a chat cannot settle faster")
-    ] = 120.0
+    settle_timeout: Annotated[float, AS_DURATION, floor(1.0, "a chat cannot settle faster")] = 120.0
     # Announcements (ChatSwept) stay firing this long, then resolve.
-    announce_for: Annotated[
-        float, BeforeValidator(parse_duration), floor(1.0, "shorter is never seen")
-    ] = 600.0
+    announce_for: Annotated[float, AS_DURATION, floor(1.0, "shorter is never seen")] = 600.0
     # A chat whose execution state is invalid (409 "Chat is in an invalid state." on
     # every mutation) is only reported unless this is on; then the sweep calls
     # POST …/reconcile-invalid once (moving it to `error`) and handles it normally.

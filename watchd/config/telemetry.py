@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import Field
 
-from watchd.config.fields import TICK, Strict, Timeout, floor, parse_duration
+from watchd.config.fields import AS_DURATION, TICK, Strict, Timeout, floor
 
 
 class FileSourceConfig(Strict):
@@ -34,11 +34,9 @@ class TelemetryConfig(Strict):
     # Spans in flight to the exporter; past it new spans are refused and counted.
     max_queue_size: Annotated[int, Field(ge=16)] = 20_000
     batch_size: Annotated[int, Field(ge=1)] = 512
-    schedule_delay: Annotated[float, BeforeValidator(parse_duration), floor(0.01, TICK)] = 1.0
+    schedule_delay: Annotated[float, AS_DURATION, floor(0.01, TICK)] = 1.0
     # An open request/connection/segment older than this is closed as unsettled.
-    pair_horizon: Annotated[
-        float, BeforeValidator(parse_duration), floor(1.0, "shorter closes live requests")
-    ] = 600.0
+    pair_horizon: Annotated[float, AS_DURATION, floor(1.0, "shorter closes live requests")] = 600.0
     max_open_pairs: Annotated[int, Field(ge=16)] = 20_000
     # Events waiting for the converter (ingest + file sources + watchd's own traffic).
     ingest_queue: Annotated[int, Field(ge=16)] = 50_000

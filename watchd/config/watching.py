@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, StringConstraints, field_validator, model_validator
 
 from watchd.config.fields import (
+    AS_DURATION,
     TICK,
     Budget,
     HttpUrl,
     Strict,
     exactly_one_ref,
     floor,
-    parse_duration,
 )
 
 
@@ -61,7 +61,7 @@ class IdentityConfig(Strict):
     requests_per_minute: Annotated[int, Field(ge=10, le=6000)] = 300
     # How long an identity may fail to watch or list before IdentityUnhealthy fires:
     # long enough to ride out a Coder rolling restart, short enough to matter.
-    unhealthy_after: Annotated[float, BeforeValidator(parse_duration), floor(1.0, TICK)] = 120.0
+    unhealthy_after: Annotated[float, AS_DURATION, floor(1.0, TICK)] = 120.0
     # Chats per listing page. coderd has no maximum; 500 lists 50 000 chats in 100
     # requests and keeps the moving-cursor window short (docs/coder-api.md).
     page_size: Annotated[int, Field(ge=1, le=2**31 - 1)] = 500
@@ -103,7 +103,7 @@ class QuotaConfig(Strict):
     enabled: bool = True
     # Quota moves with workspace builds, not chat events; every 5 min keeps the
     # diagnosis current at one request per identity.
-    interval: Annotated[float, BeforeValidator(parse_duration), floor(1.0, TICK)] = 300.0
+    interval: Annotated[float, AS_DURATION, floor(1.0, TICK)] = 300.0
     # Org and user default to the token's own (users/me); set them to watch another.
     organization: str | None = None
     user: str = "me"
@@ -139,12 +139,10 @@ class ForecastConfig(Strict):
     enabled: bool = True
     # Half an hour of readings: six at the default 5m quota interval, enough to fit a line
     # through a fleet's fan-out, short enough that a change of pace shows within the hour.
-    window: Annotated[
-        float, BeforeValidator(parse_duration), floor(3.0, "a line needs readings over time")
-    ] = 1800.0
+    window: Annotated[float, AS_DURATION, floor(3.0, "a line needs readings over time")] = 1800.0
     # Page an hour ahead: time to delete idle workspaces or raise an allowance before new
     # builds fail with INSUFFICIENT_QUOTA.
-    horizon: Annotated[float, BeforeValidator(parse_duration), floor(1.0, TICK)] = 3600.0
+    horizon: Annotated[float, AS_DURATION, floor(1.0, TICK)] = 3600.0
 
 
 class AdmissionConfig(Strict):
@@ -153,6 +151,14 @@ class AdmissionConfig(Strict):
     # 0: admit while any credit is left. A dispatcher whose new chats each build a
     # workspace raises it to one workspace's cost, so the last admitted chat can still build.
     min_headroom: Annotated[int, Field(ge=0)] = 0
+
+
+# An amount as the file may write it, for the JSON Schema: a number, or text as ``usd`` reads.
+UsdInput = (
+    Annotated[float, Field(gt=0, le=1_000_000)]
+    | Annotated[str, StringConstraints(pattern=r"^\s*\$?\d+(?:\.\d+)?\s*$")]
+    | None
+)
 
 
 def usd(value: Any) -> float | None:
@@ -179,10 +185,12 @@ class CostConfig(Strict):
 
     # US dollars one chat tree (a root and its subagents) may have cost before a stuck
     # chat in it pages. No default: what is too much is the deployment's call.
-    threshold_usd: Annotated[float | None, BeforeValidator(usd)] = None
+    threshold_usd: Annotated[
+        float | None, BeforeValidator(usd, json_schema_input_type=UsdInput)
+    ] = None
     # A tree past budget is read again this often: cost moves with a turn's requests, and
     # a stuck tree is already paged; every 5 min keeps the read cheap.
-    interval: Annotated[float, BeforeValidator(parse_duration), floor(1.0, TICK)] = 300.0
+    interval: Annotated[float, AS_DURATION, floor(1.0, TICK)] = 300.0
     # Cost reads per identity per minute, from the identity's request budget (coderd
     # limits each /chats/<id>/cost path on its own, 512 a minute).
     reads_per_minute: Annotated[int, Field(ge=1, le=600)] = 30
