@@ -61,6 +61,7 @@ class Timelines:
         self.keep = keep
         self.identity_of = identity_of
         self._by_chat: dict[str, _Timeline] = {}
+        self._said: dict[tuple[str, str, bool], str] = {}  # a transition's words, shared
         self.entries_dropped = 0  # cut from a chat's timeline at MAX_ENTRIES
         self.chats_dropped = 0  # whole timelines forgotten at max_chats
 
@@ -109,13 +110,12 @@ class Timelines:
             if kind == "transition":
                 prev = change.previous
                 was = prev.status if prev is not None else "?"
-                what = (
-                    f"{was} → {rec.status}"
-                    if was != rec.status
-                    else f"left and re-entered {rec.status} (a round trip the stream did not send)"
-                )
-                if rec.clock == "synthesized":
-                    what += "; found by a listing, clock from updated_at (a lower bound)"
+                key = (was, rec.status, rec.clock == "synthesized")
+                what = self._said.get(key)
+                if what is None:
+                    what = _moved(*key)
+                    if len(self._said) < 1000:  # statuses are few: the words are shared
+                        self._said[key] = what
                 self.add(rec.chat_id, identity, rec.since, source, what, status=rec.status)
             elif kind == "new" and source == "stream":
                 what = f"created: {rec.status}"
@@ -175,6 +175,17 @@ class Timelines:
             "entries_dropped": self.entries_dropped,
             "chats_dropped": self.chats_dropped,
         }
+
+
+def _moved(was: str, status: str, synthesized: bool) -> str:
+    what = (
+        f"{was} → {status}"
+        if was != status
+        else f"left and re-entered {status} (a round trip the stream did not send)"
+    )
+    if synthesized:
+        what += "; found by a listing, clock from updated_at (a lower bound)"
+    return what
 
 
 def _at(e: Entry) -> float:
