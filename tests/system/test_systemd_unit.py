@@ -218,9 +218,8 @@ def test_verify_inside_catches_what_a_minimal_system_lacks(box: Box) -> None:
     link: no man here), so the clean verify above is not vacuous."""
     old = (ROOT / "systemd" / "watchd.service").read_text()
     old = re.sub(r"^ExecReload=.*$", "ExecReload=/bin/kill -HUP $MAINPID", old, flags=re.M)
-    old = old.replace(
-        "Documentation=https://github.com/coder/coder",
-        "Documentation=https://github.com/coder/coder man:systemd.service(5)",
+    old = re.sub(
+        r"^Documentation=(.*)$", r"Documentation=\1 man:systemd.service(5)", old, flags=re.M
     )
     d = box.m.root / "var/tmp/unit-0.1"  # not /tmp: a tmpfs of the machine's once booted
     d.mkdir(exist_ok=True)

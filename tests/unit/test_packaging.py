@@ -195,3 +195,50 @@ def test_building_the_package_warns_about_nothing_deprecated(tmp_path: Path) -> 
     assert "deprecated" not in out.lower(), [
         line for line in out.splitlines() if "deprecat" in line.lower()
     ]
+
+
+def test_the_image_installs_from_a_hashed_lock_that_covers_every_dependency() -> None:
+    """requirements.lock pins every runtime dependency of pyproject (and theirs) with
+    sha256 hashes, and the Dockerfile installs it with --require-hashes before watchd
+    itself (--no-deps): a dependency added to pyproject but not locked fails here."""
+    import tomllib
+
+    lock = (ROOT / "requirements.lock").read_text()
+    pinned = {
+        m.group(1).lower().replace("_", "-")
+        for m in re.finditer(r"^([A-Za-z0-9_.\-]+)==\S+ \\$", lock, re.M)
+    }
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower().replace("_", "-") for d in deps}
+    assert names <= pinned, sorted(names - pinned)
+    blocks = re.split(r"\n(?=[A-Za-z0-9_.\-]+==)", lock.split("\n\n", 1)[-1])
+    assert all("--hash=sha256:" in b for b in blocks if "==" in b)
+    docker = (ROOT / "Dockerfile").read_text()
+    assert "--require-hashes -r requirements.lock" in docker and "--no-deps ." in docker
+
+
+def test_version_names_the_revision_of_a_checkout(tmp_path: Path) -> None:
+    """Without a REVISION file, the revision is read from the checkout's .git (a worktree's
+    gitdir and packed refs followed); a written REVISION wins; neither: unknown."""
+    from watchd.buildinfo import _from_git
+
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    git = tmp_path / "repo" / ".git"
+    (git / "refs" / "heads").mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    (git / "packed-refs").write_text(f"# pack-refs\n{sha} refs/heads/main\n")
+    assert _from_git(git) == sha
+    (git / "refs" / "heads" / "main").write_text("f" * 40 + "\n")
+    assert _from_git(git) == "f" * 40
+    wt = tmp_path / "wt"
+    (git / "worktrees" / "wt").mkdir(parents=True)
+    (git / "worktrees" / "wt" / "HEAD").write_text(sha + "\n")
+    (git / "worktrees" / "wt" / "commondir").write_text("../..\n")
+    wt.mkdir()
+    (wt / ".git").write_text(f"gitdir: {git / 'worktrees' / 'wt'}\n")
+    assert _from_git(wt / ".git") == sha
+    assert _from_git(tmp_path / "nowhere" / ".git") == ""
+    r = subprocess.run(
+        [str(BIN / "watchd"), "--version"], capture_output=True, text=True, check=True
+    )
+    assert re.fullmatch(r"watchd \S+ \(revision [0-9a-f]{12}\)\n", r.stdout), r.stdout
