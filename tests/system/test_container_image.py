@@ -29,7 +29,7 @@ pytestmark = [
     pytest.mark.skipif(_why is not None, reason=_why or ""),
 ]
 
-SIDECAR = kubelet.ROOT / "deploy" / "kubernetes" / "sidecar.yaml"
+SIDECAR = kubelet.ROOT / "deploy" / "kubernetes" / "sidecar" / "sidecar.yaml"
 NET = "watchd-test-net"
 VOLUME = "watchd-test-state"
 
