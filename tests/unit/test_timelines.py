@@ -102,6 +102,18 @@ def test_transport_events_land_on_known_chats_only_and_never_carry_secrets() -> 
         "http:response status=503 GET /api/v2/chats/c1/stream 1.5s",
         "segment:settle error",
     ]
+    tl.transport(
+        {
+            "type": "segment:settle",
+            "chatId": "c1",
+            "error": {"name": "CoderChatError", "message": "SECRET requestTimeoutMs budget"},
+        },
+        1005,
+    )
+    found = tl.get("c1")
+    assert found is not None
+    assert found[1][-1][2] == "segment:settle error CoderChatError (ran into requestTimeoutMs)"
+    assert tl.agent_said("c1", now=1010) == "the agent's last segment ran into its requestTimeoutMs"
     assert all("SECRET" not in t for t in texts)
     assert tl.get("elsewhere") is None
     assert describe({"type": "ws:close", "code": 1006, "reason": "x"}) == "ws:close code=1006"

@@ -222,9 +222,29 @@ def describe(event: dict[str, object]) -> str:
     ms = get("durationMs")
     if ms is not None and ms.__class__ in (int, float):
         parts.append(f"{ms / 1000:.1f}s")
-    if get("error"):
-        parts.append("error")
+    error = get("error")
+    if error:
+        parts.append(_error_words(error))
     return " ".join(parts)
+
+
+# The SDK's error classes a timeline may name (a closed set: never free text).
+_ERROR_NAMES = frozenset({"CoderChatError", "CoderStreamError", "AbortError", "TimeoutError"})
+TIMED_OUT = "ran into requestTimeoutMs"
+
+
+def _error_words(error: object) -> str:
+    """``error``, with the SDK's class name when it is one of its own, and whether the
+    segment ran into its ``requestTimeoutMs`` (the message is read for that one word,
+    never copied)."""
+    if not isinstance(error, dict):
+        return "error"
+    name = error.get("name")
+    words = f"error {name}" if name in _ERROR_NAMES else "error"
+    message = error.get("message")
+    if isinstance(message, str) and "requestTimeoutMs" in message:
+        words += f" ({TIMED_OUT})"
+    return words
 
 
 SILENT_AFTER = 120.0  # an open stream quiet this long is worth saying
@@ -249,6 +269,9 @@ def agent_evidence(entries: list[Entry], now: float, *, heard: float = 0.0) -> s
     )
     if redials >= REDIALS_SAID:
         said.append(f"the agent redialled its stream {redials} times in the last 5 min")
+    settles = [e for e in transport if e[2].startswith("segment:settle")]
+    if settles and TIMED_OUT in settles[-1][2]:
+        said.append("the agent's last segment ran into its requestTimeoutMs")
     at, _, what, _ = transport[-1]
     quiet = now - max(at, heard)
     if what.startswith(_OPEN) and quiet >= SILENT_AFTER:
