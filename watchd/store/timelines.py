@@ -10,7 +10,7 @@ from the store and the ledger when asked, so a chat that never moved costs nothi
 Bounded three ways, every drop counted: at most ``MAX_ENTRIES`` per chat (the oldest
 go, counted in the chat's ``dropped``), chats whose last entry is older than ``KEEP``
 are forgotten (:meth:`Timelines.prune`), and at most ``max_chats`` chats (the store's
-bound; the least recently touched go first). An entry is a tuple of the server time,
+bound; the oldest timelines go first). An entry is a tuple of the server time,
 the source, the words and the status, and the words never hold a token: transport
 events are summarised from their typed fields (kind, attempt, code, status, duration),
 never copied.
@@ -79,13 +79,12 @@ class Timelines:
         status: str | None = None,
     ) -> None:
         by_chat = self._by_chat
-        t = by_chat.pop(chat_id, None)  # re-inserted last: the dict's order is recency
+        t = by_chat.get(chat_id)
         if t is None:
-            if len(by_chat) >= self.max_chats:
+            if len(by_chat) >= self.max_chats:  # the oldest timeline goes
                 del by_chat[next(iter(by_chat))]
                 self.chats_dropped += 1
-            t = _Timeline(identity)
-        by_chat[chat_id] = t
+            t = by_chat[chat_id] = _Timeline(identity)
         entries = t.entries
         entry = (at, source, what, status)
         if entries and at < entries[-1][0]:
@@ -103,6 +102,7 @@ class Timelines:
         stream, chats gone. A chat first seen in a listing adds nothing (its record says
         it); refreshes (progress, a title) add nothing. ``now``: the identity's server
         time, for what has no stamp of its own (a chat gone)."""
+        by_chat, said, most = self._by_chat, self._said, self.max_entries
         for change in changes:
             kind = change.kind
             rec = change.record
@@ -111,12 +111,20 @@ class Timelines:
                 prev = change.previous
                 was = prev.status if prev is not None else "?"
                 key = (was, rec.status, rec.clock == "synthesized")
-                what = self._said.get(key)
+                what = said.get(key)
                 if what is None:
                     what = _moved(*key)
-                    if len(self._said) < 1000:  # statuses are few: the words are shared
-                        self._said[key] = what
-                self.add(rec.chat_id, identity, rec.since, source, what, status=rec.status)
+                    if len(said) < 1000:  # statuses are few: the words are shared
+                        said[key] = what
+                # The watch path's common case inline (a known chat, in order, room left):
+                # this runs once per transition of every chat.
+                t = by_chat.get(rec.chat_id)
+                at = rec.since
+                if t is not None and (e := t.entries) and at >= e[-1][0] and len(e) < most:
+                    e.append((at, source, what, rec.status))
+                    t.last = at  # entries are in time order: the last is the latest
+                    continue
+                self.add(rec.chat_id, identity, at, source, what, status=rec.status)
             elif kind == "new" and source == "stream":
                 what = f"created: {rec.status}"
                 self.add(rec.chat_id, identity, rec.since, source, what, status=rec.status)
