@@ -1,20 +1,36 @@
 # watchd container image: multi-stage, slim, non-root, no build tools in the final stage.
-#   docker build -t watchd .
+# Dependencies install from requirements.lock, pinned with hashes (`make lock` refreshes
+# it), so two builds a month apart get the same bytes.
+#   docker build -t watchd --build-arg REVISION="$(git rev-parse HEAD)" \
+#     --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" .
 #   docker run --rm -v ./watchd.yaml:/etc/watchd/watchd.yaml:ro -v ./secrets:/run/secrets:ro watchd
 # Config and secrets come by mount; state goes to the /var/lib/watchd volume.
 
 FROM python:3.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+ARG REVISION=unknown
 WORKDIR /src
+COPY requirements.lock ./
+RUN python -m venv /opt/watchd \
+ && /opt/watchd/bin/pip install --no-compile --require-hashes -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY watchd ./watchd
-RUN python -m venv /opt/watchd \
- && /opt/watchd/bin/pip install --no-compile . \
+RUN echo "${REVISION}" > watchd/REVISION \
+ && /opt/watchd/bin/pip install --no-compile --no-deps . \
  && /opt/watchd/bin/python -m compileall -q /opt/watchd/lib
 
 FROM python:3.11-slim-bookworm
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+ARG SOURCE=""
 LABEL org.opencontainers.image.title="watchd" \
-      org.opencontainers.image.description="Monitoring daemon for Coder Agents chats"
+      org.opencontainers.image.description="Monitoring daemon for Coder Agents chats" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.created="${CREATED}"
 ENV PATH=/opt/watchd/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck unit e2e bench sim clean system-deps
+.PHONY: run test lint typecheck unit e2e bench sim clean system-deps lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,13 @@ bench: $(STAMP)
 	@if command -v npm >/dev/null 2>&1 && [ ! -d bench/node/node_modules/ws ]; then \
 		npm install --prefix bench/node --no-audit --no-fund --silent; fi
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# The image's pinned, hashed dependencies (Dockerfile): refresh after changing
+# pyproject's dependencies or to take new releases, and commit the result.
+lock: $(STAMP)
+	$(BIN)/python -m pip install -q pip-tools
+	$(BIN)/pip-compile --quiet --generate-hashes --strip-extras --no-emit-index-url \
+		--no-emit-find-links --output-file requirements.lock pyproject.toml
 
 # The config's JSON Schema, generated from the models (a test fails when they drift).
 .PHONY: schema

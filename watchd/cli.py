@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from watchd import __version__
+from watchd.buildinfo import version_line
 from watchd.kits import logs
 
 
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Monitor Coder Agents chats.",
         parents=[_global_options(defaults=True)],
     )
-    p.add_argument("--version", action="version", version=f"watchd {__version__}")
+    p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the daemon", parents=common)

@@ -146,3 +146,48 @@ async def test_filter_by_identity_and_alert_name(
     _, page = await d.get("/status?format=html&alertname=ChatStuck")
     rows = re.findall(r"<tr class='alert [^']*' data-state='\w+' data-identity='([^']+)'", page)
     assert rows == ["team-a"]
+
+
+async def test_status_page_at_3am_on_a_laptop_and_on_a_phone(
+    tmp_path: Path, start_sim: StartSim, start_daemon: StartDaemon
+) -> None:
+    """Rendered by Chromium at 1440×900 and 412×915: rows most severe first; on the phone
+    the alert, chat, time in status and hint columns are visible and none overflows the
+    screen, the rest are hidden; the header says which identity keeps it "not ready".
+    Screenshots: test-artifacts/status-1440.png, status-412.png."""
+    from tests.e2e.cdp import chromium
+
+    sim = start_sim()
+    d = start_daemon(sim, identities=[("team-a", "alice"), ("team-b", "bob")])
+    await d.wait_ready()
+    await sim.add_chat("alice", status="running", title="wedged " + "long title " * 4)
+    await sim.add_chat("bob", status="requires_action", title="paused tool")
+
+    async def two() -> bool:
+        return len(await d.firing()) >= 2
+
+    await eventually(two, within=15)
+    await sim.admin("POST", "/users/bob/revoke")  # team-b: refused, IdentityUnhealthy
+    await eventually(lambda: d.firing("IdentityUnhealthy"), within=30)
+    url = f"http://{d.listen}/status?format=html"
+    ARTIFACTS.mkdir(exist_ok=True)
+    async with chromium(tmp_path) as page:
+        await page.open(url, width=1440, height=900)
+        severities = await page.eval(
+            "[...document.querySelectorAll('#alerts tr.alert')].map(r => r.dataset.severity)"
+        )
+        rank = {"critical": 0, "warning": 1, "info": 2}
+        assert severities and severities == sorted(severities, key=lambda s: rank.get(s, 3))
+        assert severities[0] == "critical"  # IdentityUnhealthy
+        await page.screenshot(ARTIFACTS / "status-1440.png")
+        await page.open(url, width=412, height=915, mobile=True)
+        shown = await page.eval(
+            "Object.fromEntries([...document.querySelectorAll('#alerts tr.alert:first-child td,"
+            " #alerts tr.alert td')].slice(0, 9).map(td => [td.className,"
+            " getComputedStyle(td).display !== 'none']))"
+        )
+        assert {k for k, v in shown.items() if v} == {"sev", "name", "chat", "age", "hint"}
+        wide = await page.eval("document.querySelector('#alerts').getBoundingClientRect().right")
+        assert wide <= 412 + 1, wide
+        await page.screenshot(ARTIFACTS / "status-412.png")
+    assert (ARTIFACTS / "status-412.png").stat().st_size > 5000

@@ -129,9 +129,17 @@ class Engine:
         self.timings["base_import"] = time.monotonic() - t0
 
     def build(self) -> None:
-        """The top-level Dockerfile, unchanged (the host's network for pip)."""
+        """The top-level Dockerfile, unchanged, built as its header says (the host's network
+        for pip; the revision of this checkout)."""
         t0 = time.monotonic()
-        self.run("build", "--network=host", "-q", "-t", IMAGE, str(ROOT), timeout=600)
+        from watchd.buildinfo import revision
+
+        self.run(
+            "build", "--network=host", "-q", "-t", IMAGE,
+            "--build-arg", f"REVISION={revision()}",
+            "--build-arg", "CREATED=2026-01-01T00:00:00Z",
+            str(ROOT), timeout=600,
+        )  # fmt: skip
         self.timings["build"] = time.monotonic() - t0
         # The previous run's image, now untagged: the cached data root must not grow a run.
         self.run("image", "prune", "-f", timeout=120, check=False)

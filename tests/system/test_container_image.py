@@ -29,7 +29,7 @@ pytestmark = [
     pytest.mark.skipif(_why is not None, reason=_why or ""),
 ]
 
-SIDECAR = kubelet.ROOT / "deploy" / "kubernetes" / "sidecar.yaml"
+SIDECAR = kubelet.ROOT / "deploy" / "kubernetes" / "sidecar" / "sidecar.yaml"
 NET = "watchd-test-net"
 VOLUME = "watchd-test-state"
 
@@ -160,8 +160,18 @@ def _sim_info(engine: Engine) -> dict[str, Any] | None:
 
 
 def test_image_builds_on_the_debian_base(stack: Stack) -> None:
-    """The unchanged Dockerfile builds; the image runs as 10001 with no build tools."""
+    """The unchanged Dockerfile builds from the hashed lock; the image runs as 10001 with no
+    build tools, carries the OCI labels, and its watchd names the revision it was built
+    from (--version, as watchd_build_info does)."""
+    from watchd.buildinfo import revision
+
     cfg = stack.engine.inspect(IMAGE)["Config"]
+    labels = cfg["Labels"]
+    assert labels["org.opencontainers.image.revision"] == revision() != "unknown"
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    assert labels["org.opencontainers.image.version"] and labels["org.opencontainers.image.created"]
+    version = stack.engine.run("run", "--rm", IMAGE, "--version").stdout
+    assert f"(revision {revision()[:12]})" in version
     assert cfg["User"] == "10001:10001"
     assert cfg["Healthcheck"]["Test"][0] == "CMD"
     r = stack.engine.run(

@@ -123,7 +123,13 @@ async def _run_pod(
 
 
 @pytest.mark.parametrize(
-    "name", ["sidecar.yaml", "deployment.yaml", "sidecar-ha.yaml", "sidecar-spans.yaml"]
+    "name",
+    [
+        "sidecar/sidecar.yaml",
+        "standalone/deployment.yaml",
+        "sidecar-ha/sidecar-ha.yaml",
+        "sidecar-spans/sidecar-spans.yaml",
+    ],
 )
 async def test_pod_reads_its_mounts_starts_and_stops(
     name: str, pod_root: Path, sim: SimProcess, tmp_path: Path
@@ -149,7 +155,7 @@ async def test_sidecar_without_fs_group_is_a_crash_loop(
 ) -> None:
     """The shipped 0.1 sidecar (uid 10001, Secret 0400, no fsGroup) cannot read its token:
     the check above fails on it, so it would have caught the defect."""
-    text = (MANIFESTS / "sidecar.yaml").read_text()
+    text = (MANIFESTS / "sidecar" / "sidecar.yaml").read_text()
     old = "\n".join(line for line in text.splitlines() if "fsGroup:" not in line)
     assert old != text, "sidecar.yaml sets no fsGroup any more: update this test"
     manifest = tmp_path / "sidecar-0.1.yaml"
@@ -164,7 +170,11 @@ async def test_revoked_token_does_not_hold_the_pod_back(
     """With one of two tokens revoked the startupProbe still passes soon (the failed first
     attempt counts), and /status names the identity that could not be seeded."""
     r = await _run_pod(
-        MANIFESTS / "deployment.yaml", pod_root, sim, tmp_path / "pod.log", revoke=("bob",)
+        MANIFESTS / "standalone" / "deployment.yaml",
+        pod_root,
+        sim,
+        tmp_path / "pod.log",
+        revoke=("bob",),
     )
     assert r["readyz"] == {"ready": True, "unseeded": ["team-b"]}
     assert r["ready_after"] < 15

@@ -150,6 +150,26 @@ def test_credentials_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert "tok-from-systemd-credential" in REGISTRY
 
 
+def test_a_credential_loaded_from_the_units_directory_is_found_by_its_file_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped unit loads /etc/watchd/credentials whole (systemd names each file
+    watchd_<file>): token_credential: team-a finds watchd_team-a; a credential in neither
+    form is named with both names and where to put it."""
+    (tmp_path / "watchd_team-a").write_text("tok-from-the-directory\n")
+    (tmp_path / "watchd_team-a").chmod(0o600)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    c = parse_config(
+        {"identities": [{"name": "a", "url": "http://x", "token_credential": "team-a"}]}
+    )
+    assert resolve_secrets(c).tokens["a"].get_secret_value() == "tok-from-the-directory"
+    c = parse_config(
+        {"identities": [{"name": "a", "url": "http://x", "token_credential": "team-b"}]}
+    )
+    with pytest.raises(ConfigError, match=r"neither team-b nor watchd_team-b.*/etc/watchd"):
+        resolve_secrets(c)
+
+
 def test_missing_env_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     """An unset token_env is reported by variable name."""
     monkeypatch.delenv("WATCHD_TEST_TOKEN", raising=False)

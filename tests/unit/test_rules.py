@@ -33,7 +33,7 @@ def test_rules_reference_only_exported_metrics() -> None:
             else:
                 assert rule["alert"] and rule["expr"] and rule["annotations"]["summary"]
             found = re.findall(r"\b(watchd_[a-z_]+)", str(rule["expr"]))
-            used |= {re.sub(r"_(bucket|count|sum)$", "", m) for m in found}
+            used |= {re.sub(r"_(bucket|count|sum|info)$", "", m) for m in found}
     assert used and used <= exported, sorted(used - exported)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -134,5 +135,6 @@ async def test_slo_and_agent_series_in_metrics(
         assert 'watchd_agent_http_responses_total{code_class="5xx"} 0.0' in text
         assert 'watchd_agent_segment_duration_seconds_bucket{le="+Inf"} 0.0' in text
         assert "chat-1" not in text
+        assert re.search(r'watchd_build_info\{[^}]*revision="([0-9a-f]{7,}|unknown)"', text)
     finally:
         d.db.close()

@@ -243,3 +243,50 @@ async def test_incidents_lead_the_status_json_page_and_metrics(
         assert f'watchd_fleet_incidents{{cause="quota",deployment="{DEPLOYMENT}"}} 6.0' in metrics
     finally:
         d.db.close()
+
+
+async def test_alerts_are_sorted_most_severe_first_then_oldest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Critical before warning before info, each oldest first; the page shows each row's
+    severity, has a phone viewport, and says which identity keeps it "not ready"."""
+    monkeypatch.setenv("WATCHD_TEST_TOKEN", "token-value-0123456789")
+    config = parse_config(
+        {
+            "identities": [
+                {"name": n, "url": DEPLOYMENT, "token_env": "WATCHD_TEST_TOKEN"}
+                for n in ("team-a", "team-b")
+            ],
+            "state_dir": str(tmp_path),
+            "telemetry": {"exporter": "none"},
+        }
+    )
+    d = Daemon(config, resolve_secrets(config))
+    try:
+        for name in ("team-a", "team-b"):
+            d.health[name] = IdentityHealth(
+                name=name, deployment=DEPLOYMENT, server_clock=ServerClock(), unhealthy_after=60
+            )
+        d.health["team-a"].set_state("ready")
+        d.health["team-b"].set_state("unreachable", error="connection refused")
+        for i, (severity, start) in enumerate(
+            [("warning", 30.0), ("info", 10.0), ("critical", 50.0), ("warning", 20.0),
+             ("critical", 40.0)]
+        ):  # fmt: skip
+            d.detector.firing[f"fp{i}"] = Alert(
+                f"fp{i}",
+                {"alertname": "ChatStuck", "identity": "team-a", "severity": severity,
+                 "chat_id": f"c{i}"},
+                {"time_in_status": "1m"},
+                starts_at=start,
+            )  # fmt: skip
+        doc = await status_document(d)
+        order = [(a["labels"]["severity"], a["firing_since"]) for a in doc["alerts"]["firing"]]
+        assert [s for s, _ in order] == ["critical", "critical", "warning", "warning", "info"]
+        assert order[0][1] < order[1][1] and order[2][1] < order[3][1]
+        page = status_html(doc)
+        assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page
+        assert "<td class='sev'>critical</td>" in page
+        assert "not ready: not yet seeded team-b (unreachable: connection refused)" in page
+    finally:
+        d.db.close()

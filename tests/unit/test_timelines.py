@@ -59,13 +59,13 @@ def test_at_most_200_entries_per_chat_the_oldest_dropped_and_counted() -> None:
     assert tl.snapshot()["entries_dropped"] == 50
 
 
-def test_chats_are_bounded_by_recency_and_forgotten_after_a_day() -> None:
-    """Past max_chats the least recently touched timeline goes (counted); prune forgets
-    timelines whose last entry is over 24 h old, keeps the others."""
+def test_chats_are_bounded_and_forgotten_after_a_day() -> None:
+    """Past max_chats the oldest timeline goes (counted); prune forgets timelines whose
+    last entry is over 24 h old, keeps the others."""
     tl = Timelines(max_chats=3)
-    for c in ("c1", "c2", "c3"):
+    for c in ("c2", "c1", "c3"):
         tl.add(c, "a", 100.0, "stream", "x")
-    tl.add("c1", "a", 200.0, "stream", "y")  # c1 touched: c2 is now the oldest
+    tl.add("c1", "a", 200.0, "stream", "y")
     tl.add("c4", "a", 300.0, "stream", "z")
     assert tl.get("c2") is None and tl.get("c1") is not None
     assert tl.snapshot()["chats_dropped"] == 1
@@ -102,6 +102,18 @@ def test_transport_events_land_on_known_chats_only_and_never_carry_secrets() -> 
         "http:response status=503 GET /api/v2/chats/c1/stream 1.5s",
         "segment:settle error",
     ]
+    tl.transport(
+        {
+            "type": "segment:settle",
+            "chatId": "c1",
+            "error": {"name": "CoderChatError", "message": "SECRET requestTimeoutMs budget"},
+        },
+        1005,
+    )
+    found = tl.get("c1")
+    assert found is not None
+    assert found[1][-1][2] == "segment:settle error CoderChatError (ran into requestTimeoutMs)"
+    assert tl.agent_said("c1", now=1010) == "the agent's last segment ran into its requestTimeoutMs"
     assert all("SECRET" not in t for t in texts)
     assert tl.get("elsewhere") is None
     assert describe({"type": "ws:close", "code": 1006, "reason": "x"}) == "ws:close code=1006"

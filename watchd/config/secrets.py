@@ -62,8 +62,15 @@ def read_secret_env(name: str, *, what: str) -> str:
     return value
 
 
+# The shipped unit loads a whole directory (``LoadCredential=watchd:/etc/watchd/credentials``),
+# which systemd names ``watchd_<file>``: a credential is looked for under its own name,
+# then under that one, so ``token_credential: team-a`` works with either unit.
+DIRECTORY_PREFIX = "watchd_"
+
+
 def read_credential(name: str, *, what: str) -> str:
-    """A systemd credential (``LoadCredential=``) by name."""
+    """A systemd credential (``LoadCredential=``) by name: ``NAME``, else
+    ``watchd_NAME`` (a file of the directory the shipped unit loads)."""
     directory = os.environ.get("CREDENTIALS_DIRECTORY")
     if not directory:
         raise SecretError(
@@ -72,7 +79,16 @@ def read_credential(name: str, *, what: str) -> str:
         )
     if "/" in name or name in {".", ".."}:
         raise SecretError(f"{what}: credential name {name!r} is not a plain name")
-    return read_secret_file(Path(directory) / name, what=what)
+    own, loaded = Path(directory) / name, Path(directory) / (DIRECTORY_PREFIX + name)
+    if not own.exists() and loaded.exists():
+        return read_secret_file(loaded, what=what)
+    if not own.exists():
+        raise SecretError(
+            f"{what}: credential {name!r} is not loaded (neither {name} nor "
+            f"{DIRECTORY_PREFIX}{name} in $CREDENTIALS_DIRECTORY): put the file in "
+            "/etc/watchd/credentials (docs/systemd.md)"
+        )
+    return read_secret_file(own, what=what)
 
 
 def resolve(*, file: str | None, env: str | None, credential: str | None, what: str) -> str:

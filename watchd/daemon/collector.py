@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from watchd.buildinfo import revision
 from watchd.daemon.families import (
     chat_families,
     counter,
@@ -58,6 +59,7 @@ class Live(Collector):
             [],
             {
                 "version": d.version,
+                "revision": revision(),
                 "python_version": platform.python_version(),
                 "implementation": platform.python_implementation(),
             },

@@ -37,6 +37,11 @@ PAGE_CHUNK = 100  # alerts rendered into the page between yields
 RESOLVED_SHOWN = 50
 MEMBERS_SHOWN = 200  # member chats listed per incident (its count covers all)
 _STARTS = operator.attrgetter("starts_at")
+_RANK = {"critical": 0, "warning": 1, "info": 2}
+
+
+def _severity_rank(a: Alert) -> int:
+    return _RANK.get(a.labels.get("severity", ""), 3)
 
 
 @dataclass
@@ -207,10 +212,12 @@ async def classify(d: DaemonView, now: float, q: StatusQuery | None = None) -> C
         await asyncio.sleep(0)
         for a in everything[start : start + CHUNK]:
             buckets.setdefault(a.labels.get("identity", ""), []).append(a)
+    # Most severe first, then oldest first (the one on call reads down the page).
     alerts: list[Alert] = []
     for ident in sorted(buckets):
         await asyncio.sleep(0)
         alerts.extend(sorted(buckets[ident], key=_STARTS))
+    alerts.sort(key=_severity_rank)  # stable: each severity keeps its age order
     inhibited = d.inhibitor.index()
     for start in range(0, len(alerts), CHUNK):
         await asyncio.sleep(0)

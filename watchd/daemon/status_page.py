@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import html
 import time
-import urllib.parse
 from typing import Any
 from urllib.parse import urlencode
 
 from watchd.config.fields import format_duration
+from watchd.daemon.page_parts import incident_block, readiness, timeline_link
 from watchd.daemon.status import RESOLVED_SHOWN, iso
 
 
@@ -39,6 +39,23 @@ svg.chart { background: #fafafa; border: 1px solid #ddd; }
 .legend span { margin-right: .6em; font-size: 85%; }
 details.incident { border: 1px solid #f0b429; background: #fffbeb; padding: 4px 8px;
   margin-bottom: .6em; } details.incident p.fix { margin: .3em 0; }
+td.sev { font-weight: bold; } tr.sev-critical td.sev { color: #b91c1c; }
+tr.sev-warning td.sev { color: #b45309; } tr.sev-info td.sev { color: #1d4ed8; }
+.notready { color: #b91c1c; }
+.scroll { overflow-x: auto; }
+/* A phone (412 px): alert, chat, time in status and hint; the rest is in the JSON. */
+@media (max-width: 700px) {
+  body { margin: .5em; font-size: 13px; }
+  #alerts .ident, #alerts .status, #alerts .budget, #alerts .since,
+  #muted-alerts .ident, #muted-alerts .status, #muted-alerts .budget,
+  #muted-alerts .since { display: none; }
+  table { width: 100%; }
+  #alerts, #muted-alerts { table-layout: fixed; }
+  #alerts td, #muted-alerts td { overflow-wrap: anywhere; }
+  #alerts .sev, #muted-alerts .sev { width: 5.6em; } #alerts .name { width: 6.5em; }
+  #alerts .chat { width: 6.5em; } #alerts .age { width: 3.8em; }
+  #identities, #receivers, #resolved, #silences { display: block; overflow-x: auto; }
+}
 """
 
 # Status colours for the chart (unknown statuses grey).
@@ -90,58 +107,30 @@ def _alert_row(a: dict[str, Any]) -> str:
     lab, ann = a["labels"], a["annotations"]
     chat = _chat_cell(a)
     state = a["state"]
+    severity = lab.get("severity", "")
     badge = f" <span class='badge {state}'>{state}</span>" if state != "active" else ""
     return (
-        f"<tr class='alert {'muted' if state != 'active' else ''}' data-state='{state}' "
-        f"data-identity='{e(lab.get('identity', ''))}' "
-        f"data-alertname='{e(lab.get('alertname', ''))}'>"
-        f"<td>{e(lab.get('alertname', ''))}{badge}</td><td>{e(lab.get('identity', ''))}</td>"
-        f"<td>{e(lab.get('status', ''))}</td><td>{chat}</td>"
-        f"<td>{e(ann.get('time_in_status', ''))}</td><td>{e(ann.get('budget', ''))}</td>"
-        f"<td><time datetime='{a['firing_since']}'>{a['firing_since']}</time> "
+        f"<tr class='alert sev-{e(severity)} {'muted' if state != 'active' else ''}' "
+        f"data-state='{state}' data-identity='{e(lab.get('identity', ''))}' "
+        f"data-alertname='{e(lab.get('alertname', ''))}' data-severity='{e(severity)}'>"
+        f"<td class='sev'>{e(severity)}</td>"
+        f"<td class='name'>{e(lab.get('alertname', ''))}{badge}</td>"
+        f"<td class='ident'>{e(lab.get('identity', ''))}</td>"
+        f"<td class='status'>{e(lab.get('status', ''))}</td><td class='chat'>{chat}</td>"
+        f"<td class='age'>{e(ann.get('time_in_status', ''))}</td>"
+        f"<td class='budget'>{e(ann.get('budget', ''))}</td>"
+        f"<td class='since'><time datetime='{a['firing_since']}'>{a['firing_since']}</time> "
         f"({e(a['firing_for'])} ago)</td>"
-        f"<td>{e(ann.get('hint', ''))}</td></tr>"
+        f"<td class='hint'>{e(ann.get('hint', ''))}</td></tr>"
     )
 
 
 _ALERT_HEAD = (
-    "<tr><th>alert</th><th>identity</th><th>status</th><th>chat</th><th>time in status</th>"
-    "<th>budget</th><th>firing since</th><th>hint</th></tr>"
+    "<tr><th class='sev'>severity</th><th class='name'>alert</th><th class='ident'>identity"
+    "</th><th class='status'>status</th><th class='chat'>chat</th><th class='age'>time in "
+    "status</th><th class='budget'>budget</th><th class='since'>firing since</th>"
+    "<th class='hint'>hint</th></tr>"
 )
-
-
-def _incident_block(inc: dict[str, Any]) -> str:
-    """One FleetIncident, expandable into its members."""
-    e = html.escape
-    badge = " <span class='badge silenced'>silenced</span>" if inc["state"] == "silenced" else ""
-    rows = "".join(
-        f"<tr><td>{_member_chat(m)}</td><td>{e(m['identity'])}</td><td>{e(m['alertname'])}"
-        f"</td><td>{e(m['status'])}</td><td>{e(m['time_in_status'])}</td></tr>"
-        for m in inc["members"]
-    )
-    more = inc["count"] - inc["members_shown"]
-    more_row = (
-        f"<tr><td colspan=5>+{more} more (the JSON lists the first ones)</td></tr>"
-        if more > 0
-        else ""
-    )
-    return (
-        f"<details class='incident' data-cause='{e(inc['cause'])}'><summary>"
-        f"<b>{e(inc['summary'] or inc['cause'])}</b>{badge} · cause <code>{e(inc['cause'])}</code>"
-        f" · {inc['count']} chats · {e(', '.join(inc['identities']))} · since "
-        f"<time datetime='{e(inc['since'])}'>{e(inc['since'])}</time> ({e(inc['firing_for'])})"
-        f"</summary><p class='fix'>Fix: {e(inc['hint'])}</p>"
-        f"<table class='members'><tr><th>chat</th><th>identity</th><th>alert</th>"
-        f"<th>status</th><th>time in status</th></tr>{rows}{more_row}</table></details>"
-    )
-
-
-def _member_chat(m: dict[str, Any]) -> str:
-    e = html.escape
-    text = e(m["title"] or m["chat_id"])
-    if m["link"].startswith(("http://", "https://")):
-        text = f"<a class='chat' href='{e(m['link'])}'>{text}</a>"
-    return text + _timeline_link(m["chat_id"])
 
 
 def status_html(doc: dict[str, Any]) -> str:
@@ -153,7 +142,7 @@ def status_html(doc: dict[str, Any]) -> str:
     muted = [a for a in al["firing"] if a["state"] != "active"]
     counts = al["counts"]["by_state"]
     filters, nav = _filters(doc), _nav(al)
-    no_alerts = "<tr><td colspan=8>No alerts firing.</td></tr>"
+    no_alerts = "<tr><td colspan=9>No alerts firing.</td></tr>"
     muted_block = (
         f"<details id='muted'><summary>Silenced or inhibited ({counts['silenced']} silenced, "
         f"{counts['inhibited']} inhibited)</summary>"
@@ -167,7 +156,7 @@ def status_html(doc: dict[str, Any]) -> str:
     fleet = doc.get("incidents") or []
     incidents = (
         f"<h2>Fleet incidents ({len(fleet)})</h2><div id='incidents'>"
-        + "".join(_incident_block(i) for i in fleet)
+        + "".join(incident_block(i) for i in fleet)
         + "</div>\n"
         if fleet
         else ""
@@ -175,9 +164,10 @@ def status_html(doc: dict[str, Any]) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>watchd status</title>
 <meta http-equiv="refresh" content="30">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <style>{_CSS}</style></head><body>
 <h1>watchd <small>v{e(doc["version"])} · up {e(format_duration(doc["uptime_seconds"]))}
- · {"ready" if doc["ready"] else "not ready"} · as of {iso(now)}</small></h1>
+ · {readiness(doc)} · as of {iso(now)}</small></h1>
 {_shard_note(doc["sharding"])}{reload_note}
 {incidents}<h2>Firing alerts ({counts["active"]} active, {counts["silenced"]} silenced,
  {counts["inhibited"]} inhibited)</h2>
@@ -364,15 +354,7 @@ def _chat_cell(a: dict[str, Any]) -> str:
         if link.startswith(("http://", "https://"))
         else text
     )
-    return cell + _timeline_link(lab.get("chat_id", ""))
-
-
-def _timeline_link(chat_id: str) -> str:
-    """Every chat on the page links to its timeline (``/status/chats/{id}``)."""
-    if not chat_id:
-        return ""
-    href = f"/status/chats/{urllib.parse.quote(chat_id, safe='')}?format=html"
-    return f" <a class='timeline' href='{html.escape(href)}'>timeline</a>"
+    return cell + timeline_link(lab.get("chat_id", ""))
 
 
 def _shard_note(sh: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from the store and the ledger when asked, so a chat that never moved costs nothi
 Bounded three ways, every drop counted: at most ``MAX_ENTRIES`` per chat (the oldest
 go, counted in the chat's ``dropped``), chats whose last entry is older than ``KEEP``
 are forgotten (:meth:`Timelines.prune`), and at most ``max_chats`` chats (the store's
-bound; the least recently touched go first). An entry is a tuple of the server time,
+bound; the oldest timelines go first). An entry is a tuple of the server time,
 the source, the words and the status, and the words never hold a token: transport
 events are summarised from their typed fields (kind, attempt, code, status, duration),
 never copied.
@@ -61,6 +61,7 @@ class Timelines:
         self.keep = keep
         self.identity_of = identity_of
         self._by_chat: dict[str, _Timeline] = {}
+        self._said: dict[tuple[str, str, bool], str] = {}  # a transition's words, shared
         self.entries_dropped = 0  # cut from a chat's timeline at MAX_ENTRIES
         self.chats_dropped = 0  # whole timelines forgotten at max_chats
 
@@ -78,13 +79,12 @@ class Timelines:
         status: str | None = None,
     ) -> None:
         by_chat = self._by_chat
-        t = by_chat.pop(chat_id, None)  # re-inserted last: the dict's order is recency
+        t = by_chat.get(chat_id)
         if t is None:
-            if len(by_chat) >= self.max_chats:
+            if len(by_chat) >= self.max_chats:  # the oldest timeline goes
                 del by_chat[next(iter(by_chat))]
                 self.chats_dropped += 1
-            t = _Timeline(identity)
-        by_chat[chat_id] = t
+            t = by_chat[chat_id] = _Timeline(identity)
         entries = t.entries
         entry = (at, source, what, status)
         if entries and at < entries[-1][0]:
@@ -102,6 +102,7 @@ class Timelines:
         stream, chats gone. A chat first seen in a listing adds nothing (its record says
         it); refreshes (progress, a title) add nothing. ``now``: the identity's server
         time, for what has no stamp of its own (a chat gone)."""
+        by_chat, said, most = self._by_chat, self._said, self.max_entries
         for change in changes:
             kind = change.kind
             rec = change.record
@@ -109,14 +110,21 @@ class Timelines:
             if kind == "transition":
                 prev = change.previous
                 was = prev.status if prev is not None else "?"
-                what = (
-                    f"{was} → {rec.status}"
-                    if was != rec.status
-                    else f"left and re-entered {rec.status} (a round trip the stream did not send)"
-                )
-                if rec.clock == "synthesized":
-                    what += "; found by a listing, clock from updated_at (a lower bound)"
-                self.add(rec.chat_id, identity, rec.since, source, what, status=rec.status)
+                key = (was, rec.status, rec.clock == "synthesized")
+                what = said.get(key)
+                if what is None:
+                    what = _moved(*key)
+                    if len(said) < 1000:  # statuses are few: the words are shared
+                        said[key] = what
+                # The watch path's common case inline (a known chat, in order, room left):
+                # this runs once per transition of every chat.
+                t = by_chat.get(rec.chat_id)
+                at = rec.since
+                if t is not None and (e := t.entries) and at >= e[-1][0] and len(e) < most:
+                    e.append((at, source, what, rec.status))
+                    t.last = at  # entries are in time order: the last is the latest
+                    continue
+                self.add(rec.chat_id, identity, at, source, what, status=rec.status)
             elif kind == "new" and source == "stream":
                 what = f"created: {rec.status}"
                 self.add(rec.chat_id, identity, rec.since, source, what, status=rec.status)
@@ -177,6 +185,17 @@ class Timelines:
         }
 
 
+def _moved(was: str, status: str, synthesized: bool) -> str:
+    what = (
+        f"{was} → {status}"
+        if was != status
+        else f"left and re-entered {status} (a round trip the stream did not send)"
+    )
+    if synthesized:
+        what += "; found by a listing, clock from updated_at (a lower bound)"
+    return what
+
+
 def _at(e: Entry) -> float:
     return e[0]
 
@@ -211,9 +230,29 @@ def describe(event: dict[str, object]) -> str:
     ms = get("durationMs")
     if ms is not None and ms.__class__ in (int, float):
         parts.append(f"{ms / 1000:.1f}s")
-    if get("error"):
-        parts.append("error")
+    error = get("error")
+    if error:
+        parts.append(_error_words(error))
     return " ".join(parts)
+
+
+# The SDK's error classes a timeline may name (a closed set: never free text).
+_ERROR_NAMES = frozenset({"CoderChatError", "CoderStreamError", "AbortError", "TimeoutError"})
+TIMED_OUT = "ran into requestTimeoutMs"
+
+
+def _error_words(error: object) -> str:
+    """``error``, with the SDK's class name when it is one of its own, and whether the
+    segment ran into its ``requestTimeoutMs`` (the message is read for that one word,
+    never copied)."""
+    if not isinstance(error, dict):
+        return "error"
+    name = error.get("name")
+    words = f"error {name}" if name in _ERROR_NAMES else "error"
+    message = error.get("message")
+    if isinstance(message, str) and "requestTimeoutMs" in message:
+        words += f" ({TIMED_OUT})"
+    return words
 
 
 SILENT_AFTER = 120.0  # an open stream quiet this long is worth saying
@@ -238,6 +277,9 @@ def agent_evidence(entries: list[Entry], now: float, *, heard: float = 0.0) -> s
     )
     if redials >= REDIALS_SAID:
         said.append(f"the agent redialled its stream {redials} times in the last 5 min")
+    settles = [e for e in transport if e[2].startswith("segment:settle")]
+    if settles and TIMED_OUT in settles[-1][2]:
+        said.append("the agent's last segment ran into its requestTimeoutMs")
     at, _, what, _ = transport[-1]
     quiet = now - max(at, heard)
     if what.startswith(_OPEN) and quiet >= SILENT_AFTER:
