@@ -4,6 +4,7 @@ runs), and the reload's outcome on /metrics."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -11,12 +12,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from structlog.testing import capture_logs
 
 from watchd.config.loading import load_config, parse_config
 from watchd.config.model import Config
 from watchd.config.secrets import resolve_secrets
+from watchd.daemon import reloading
 from watchd.daemon.app import Daemon
-from watchd.daemon.reloading import changed, needs_restart
+from watchd.daemon.reloading import Proposal, changed, needs_restart
+from watchd.kits.redaction import REGISTRY
 
 
 def cfg(**extra: object) -> Config:
@@ -140,3 +144,47 @@ async def test_the_last_reloads_outcome_is_exported_as_prometheus_names_it(
 
 SUCCESSFUL = "watchd_config_last_reload_successful"
 SUCCESS_AT = "watchd_config_last_reload_success_timestamp_seconds"
+
+
+class Notes:
+    """The service manager's side of sd_notify: what a reload told it."""
+
+    def __init__(self) -> None:
+        self.said: list[dict[str, str]] = []
+
+    def reloading(self) -> bool:
+        self.said.append({"RELOADING": "1"})
+        return True
+
+    def notify(self, **fields: str) -> bool:
+        self.said.append(fields)
+        return True
+
+
+async def test_a_reload_that_fails_part_way_answers_500_and_is_not_successful(
+    start: Callable[[], Daemon],
+) -> None:
+    """Applying that raises is a 500 naming the error (a secret in it scrubbed), counted as
+    failed, the success gauge's input false, and the service manager told; the next
+    reload runs."""
+    daemon = start()
+    secret = "tok-" + "s" * 24
+    REGISTRY.add(secret)
+
+    async def broken(proposal: Proposal) -> dict[str, list[str]]:
+        raise RuntimeError(f"receiver refused its settings ({secret})")
+
+    notes = Notes()
+    propose = functools.partial(
+        reloading.propose, daemon.config_path, daemon.config, fixed=frozenset()
+    )
+    with capture_logs() as logged:
+        out = await daemon.reloads.run(propose, broken, notifier=notes, status_line=str)
+    assert out.status == 500 and out.body["status"] == "failed"
+    assert "RuntimeError: receiver refused" in out.body["error"] and secret not in str(out.body)
+    assert daemon.reloads.counts["failed"] == 1 and not daemon.reloads.successful
+    assert [e["event"] for e in logged] == ["reload.failed"] and secret not in str(logged)
+    assert notes.said[0] == {"RELOADING": "1"} and notes.said[-1]["STATUS"].startswith(
+        "reload failed: RuntimeError"
+    )
+    assert (await daemon.reload()).ok and daemon.reloads.successful
