@@ -13,6 +13,16 @@ from watchd.store.chats import ChatStore
 from watchd.store.timelines import Timelines, describe
 
 
+class _At:
+    """A clock stopped at one server time."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def now(self) -> float:
+        return self.t
+
+
 def _store_and_timelines(**kw: object) -> tuple[ChatStore, Timelines]:
     store = ChatStore()
     return store, Timelines(identity_of=store.identity_of, **kw)  # type: ignore[arg-type]
@@ -22,7 +32,7 @@ def see(store: ChatStore, tl: Timelines, status: str, at: float, *, via: str = "
     chat = Observation(id=ChatId("c1"), status=status, updated_at=at, title="t")
     change = store.observe("a", chat, now=at, via=via, kind="status_change")
     if change is not None:
-        tl.changes("a", [change], now=at)
+        tl.changes("a", [change], clock=_At(at))
 
 
 def test_transitions_carry_their_server_stamp_and_how_they_were_learned() -> None:

@@ -209,8 +209,9 @@ class Detector:
         # after the whole batch is armed.
         w = self.watched.get(identity)
         changes = changes if isinstance(changes, list | tuple) else list(changes)
-        now = w.health.server_clock.now() if w is not None else self.wall.now()
-        self.timelines.changes(identity, changes, now=now)
+        self.timelines.changes(
+            identity, changes, clock=w.health.server_clock if w is not None else self.wall
+        )
         db = self.chat_rows
         by_chat = self.ledger.by_chat
         invalid = self.ledger.invalid

@@ -20,12 +20,17 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import Literal, Protocol
 
 from watchd.store.records import Change
 
 Source = Literal["stream", "listing", "confirmation", "diagnosis", "alert", "sweep", "transport"]
 Entry = tuple[float, str, str, str | None]  # (server time, source, what, status)
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
 
 MAX_ENTRIES = 200
 KEEP = 24 * 3600.0
@@ -97,11 +102,11 @@ class Timelines:
             self.entries_dropped += 1
         t.last = max(t.last, at)
 
-    def changes(self, identity: str, changes: Iterable[Change], *, now: float) -> None:
+    def changes(self, identity: str, changes: Iterable[Change], *, clock: Clock) -> None:
         """The store's changes: transitions (and re-entries), chats created on the
         stream, chats gone. A chat first seen in a listing adds nothing (its record says
-        it); refreshes (progress, a title) add nothing. ``now``: the identity's server
-        time, for what has no stamp of its own (a chat gone)."""
+        it); refreshes (progress, a title) add nothing. ``clock``: the identity's server
+        clock, read only for what has no stamp of its own (a chat gone)."""
         by_chat, said, most = self._by_chat, self._said, self.max_entries
         for change in changes:
             kind = change.kind
@@ -129,7 +134,7 @@ class Timelines:
                 what = f"created: {rec.status}"
                 self.add(rec.chat_id, identity, rec.since, source, what, status=rec.status)
             elif kind == "tombstone":
-                self.add(rec.chat_id, identity, now, source, f"gone: {change.reason}")
+                self.add(rec.chat_id, identity, clock.now(), source, f"gone: {change.reason}")
 
     def transport(self, event: dict[str, object], at: float) -> None:
         """A forwarded transport event: one entry on the timeline of the chat it names
