@@ -83,7 +83,7 @@ def _daemon(identities: int, chats: int) -> tuple[Any, list[str]]:
             ],
             "state_dir": str(tmp),
             "telemetry": {"exporter": "none"},
-            "server": {"ingest_token_env": "WATCHD_BENCH_INGEST"},
+            "server": {"ingest_token_env": "WATCHD_BENCH_INGEST", "listen": "127.0.0.1:0"},
         }
     )
     d = Daemon(config, resolve_secrets(config))
@@ -117,19 +117,8 @@ def _daemon(identities: int, chats: int) -> tuple[Any, list[str]]:
 
 
 async def _admission(identities: int, chats: int, clients: int, seconds: float) -> list[Row]:
-    from watchd.daemon.server import Server
-    from watchd.daemon.silences_api import SilencesApi
-
     d, names = _daemon(identities, chats)
-    server = Server(
-        d,
-        ingest=d.ingest,
-        listen="127.0.0.1:0",
-        max_body_bytes=d.config.server.max_body_bytes,
-        identities=len(d.config.identities),
-        silences=SilencesApi(d.silences, lambda: None),
-        render_metrics=d.metrics.render,
-    )
+    server = d.server  # the daemon's own HTTP face, as built by the daemon
     bound = await server.start()
     beat = asyncio.create_task(_beat(d))
     try:

@@ -46,6 +46,7 @@ async def _status_page(n: int) -> list[Row]:
             ],
             "state_dir": str(tmp),
             "telemetry": {"exporter": "none"},
+            "server": {"listen": "127.0.0.1:0"},
         }
     )
     d = Daemon(config, resolve_secrets(config))
@@ -184,18 +185,7 @@ async def _healthz_during_renders(d: Any, renders: int = 10) -> dict[str, list[f
     import json
     import sys
 
-    from watchd.daemon.server import Server
-    from watchd.daemon.silences_api import SilencesApi
-
-    server = Server(
-        d,
-        ingest=d.ingest,
-        listen="127.0.0.1:0",
-        max_body_bytes=d.config.server.max_body_bytes,
-        identities=len(d.config.identities),
-        silences=SilencesApi(d.silences, lambda: None),
-        render_metrics=d.metrics.render,
-    )
+    server = d.server  # the daemon's own HTTP face, as built by the daemon
     bound = await server.start()
     stop = asyncio.Event()
 
