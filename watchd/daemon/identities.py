@@ -28,7 +28,7 @@ from watchd.config.watching import IdentityConfig
 from watchd.daemon.metrics import Metrics
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
-from watchd.kits import logs
+from watchd.kits import logs, tls
 from watchd.kits.clock import ServerClock, WallClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.store.chats import ChatStore
@@ -166,20 +166,7 @@ class Identities:
             on_listing=self.metrics.listing.labels(name).observe,
             on_confirmation=self.metrics.confirmation.labels(name).observe,
         )
-        transport = Transport(
-            base_url=ident.url,
-            token=token,
-            session=self.session,
-            identity=name,
-            events=self.events,
-            source=own_source(name),
-            server_clock=clock,
-            limiter=RateLimiter(
-                rate=ident.requests_per_minute / 60.0, burst=max(5, ident.requests_per_minute // 10)
-            ),
-            user_agent=user_agent,
-            meter=self.metrics.coder,
-        )
+        transport = self._transport(ident, token=token, clock=clock, user_agent=user_agent)
         client = CoderClient(transport, page_size=ident.page_size)
         watcher = IdentityWatcher(
             health=health,
@@ -224,6 +211,28 @@ class Identities:
             # before would otherwise never resolve.
             fp = forecast_fingerprint(ident.url, name)
             self.detector.ledger.clear_alert(fp, why="the quota forecast is turned off")
+
+    def _transport(
+        self, ident: IdentityConfig, *, token: str, clock: ServerClock, user_agent: str
+    ) -> Transport:
+        """The identity's way to Coder: the shared session, its own limiter and trust."""
+        assert self.session is not None
+        return Transport(
+            base_url=ident.url,
+            token=token,
+            session=self.session,
+            identity=ident.name,
+            events=self.events,
+            source=own_source(ident.name),
+            server_clock=clock,
+            limiter=RateLimiter(
+                rate=ident.requests_per_minute / 60.0, burst=max(5, ident.requests_per_minute // 10)
+            ),
+            user_agent=user_agent,
+            meter=self.metrics.coder,
+            # Checked when the config was read; read again here, as the identity starts.
+            ssl=tls.trust(ident.ca_file) if ident.ca_file else None,
+        )
 
     def _start_quota(
         self,
