@@ -12,7 +12,9 @@ keeps clocks and firing alerts for identities whose deployment stays the same.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -143,6 +145,7 @@ class Identities:
         self.session: aiohttp.ClientSession | None = None
         self.dispatcher: Dispatcher | None = None
         self._gate = asyncio.Semaphore(CONCURRENT_LISTINGS)
+        self._contexts: dict[tuple[str, int, int], ssl.SSLContext] = {}
 
     def add(
         self,
@@ -230,9 +233,22 @@ class Identities:
             ),
             user_agent=user_agent,
             meter=self.metrics.coder,
-            # Checked when the config was read; read again here, as the identity starts.
-            ssl=tls.trust(ident.ca_file) if ident.ca_file else None,
+            ssl=self._trust(ident.ca_file) if ident.ca_file else None,
         )
+
+    def _trust(self, ca_file: str) -> ssl.SSLContext:
+        """The context for ``ca_file`` (checked when the config was read): one per file
+        and content, so identities trusting the same CA share the pool's connections
+        (the context is part of its key), and a CA rotated in place is read anew."""
+        try:
+            st = os.stat(ca_file)
+        except OSError:
+            return tls.trust(ca_file)  # raises, naming the file and why
+        key = (ca_file, st.st_mtime_ns, st.st_size)
+        if key not in self._contexts:
+            self._contexts = {k: v for k, v in self._contexts.items() if k[0] != ca_file}
+            self._contexts[key] = tls.trust(ca_file)
+        return self._contexts[key]
 
     def _start_quota(
         self,
