@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import admission, cases, statuspage, tail, timelines
+from bench import admission, cases, statuspage, tail, timelines, tls
 
 
 def median_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument(
         "--only",
         default="",
-        help="comma list: footprint,throughput,scale,identities,reconcile,latency,spans,"
+        help="comma list: footprint,throughput,scale,identities,tls,reconcile,latency,spans,"
         "ingest,status,tail,admission,incidents,timelines",
     )
     args = ap.parse_args()
@@ -57,6 +57,7 @@ def main() -> None:
         ("throughput", lambda: cases.throughput(50, 400 if q else 4_000)),
         ("scale", lambda: cases.scale(50, 200 if q else 2_000, 10 if q else 60)),
         ("identities", lambda: cases.identities(50 if q else 500, 10 if q else 60)),
+        ("tls", lambda: tls.tls_idle(50, 200 if q else 2_000, 60)),
         ("reconcile", lambda: cases.reconcile_cpu(10_000 if q else 100_000, 500)),
         ("reconcile", lambda: cases.reconcile_cpu(10_000 if q else 100_000, 100)),
         ("latency", lambda: cases.detection_latency(1_000 if q else 10_000, 15.0)),

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -70,12 +71,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def http(method: str, url: str, body: Any = None, timeout: float = 600) -> Any:
+def http(
+    method: str, url: str, body: Any = None, timeout: float = 600, ca_file: str | None = None
+) -> Any:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(
         url, data=data, method=method, headers={"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    trust = ssl.create_default_context(cafile=ca_file) if ca_file else None
+    with urllib.request.urlopen(req, timeout=timeout, context=trust) as r:
         return json.loads(r.read() or b"null")
 
 
@@ -103,9 +107,11 @@ class Sim:
         info = json.loads(self.proc.stdout.readline())
         self.url: str = info["url"]
         self.identities: list[dict[str, str]] = info["identities"]
+        # With --tls: the CA a client trusts (an identity's ca_file).
+        self.ca_file: str | None = info.get("ca_file")
 
     def admin(self, method: str, path: str, body: Any = None) -> Any:
-        return http(method, self.url + "/__sim" + path, body)
+        return http(method, self.url + "/__sim" + path, body, ca_file=self.ca_file)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -164,6 +170,7 @@ class Daemon:
                     "url": sim.url,
                     "token_file": str(token),
                     "requests_per_minute": 6000,
+                    **({"ca_file": sim.ca_file} if sim.ca_file else {}),
                     **(identity_extra or {}),
                 }
             )

@@ -224,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds the simulated server's clock is ahead of the host's",
     )
     sim.add_argument("--ping-interval", type=float, default=15.0)
+    sim.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve HTTPS with a generated CA and certificate (its ca_file in the startup line)",
+    )
     sim.set_defaults(func=cmd_sim)
     return p
 

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -51,8 +52,10 @@ class SimProcess:
         scenario: str = "empty",
         clock_offset: float = 0.0,
         ping_interval: float = 15.0,
+        tls: bool = False,
     ) -> None:
-        sizing: list[str] = []
+        """``tls``: the simulator serves HTTPS; ``ca_file`` is then the CA to trust."""
+        sizing: list[str] = ["--tls"] if tls else []
         if scenario.startswith("bulk_"):  # bulk_N: N users without chats
             scenario, users = "bulk", scenario.split("_", 1)[1]
             sizing = ["--users", users, "--chats-per-user", "0"]
@@ -75,6 +78,7 @@ class SimProcess:
         ]
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
+        self.ca_file: str | None = None
         self.identities: list[dict[str, str]] = []
 
     def start(self) -> SimProcess:
@@ -86,6 +90,7 @@ class SimProcess:
         info = json.loads(line)
         self.url = info["url"]
         self.identities = info["identities"]
+        self.ca_file = info.get("ca_file")
         return self
 
     def token(self, username: str) -> str:
@@ -103,9 +108,10 @@ class SimProcess:
             self.proc.stdout.close()
 
     async def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        trust = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
         async with (
             aiohttp.ClientSession() as s,
-            s.request(method, self.url + "/__sim" + path, json=body) as r,
+            s.request(method, self.url + "/__sim" + path, json=body, ssl=trust) as r,
         ):
             data = await r.json()
             assert r.status == 200, data

@@ -17,12 +17,14 @@ import itertools
 import re
 import time
 from dataclasses import dataclass
+from ssl import SSLContext
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import aiohttp
 import orjson
 
+from watchd.coder.connections import ATTEMPT, REPEATABLE, STALE, Attempt, describe
 from watchd.coder.errors import CoderError, PayloadError, error_from_body
 from watchd.kits import logs
 from watchd.kits.backoff import retry_hint
@@ -66,6 +68,10 @@ class Meter(Protocol):
 
     def waited(self, identity: str, seconds: float) -> None:
         """A request of ``identity`` waited this long for its rate limiter."""
+
+    def stale(self, identity: str) -> None:
+        """A request of ``identity`` met a pooled connection the server had closed and
+        was sent again on a fresh one (not an outage)."""
 
 
 class OversizeResponse(PayloadError):
@@ -114,6 +120,7 @@ class Transport:
         timeout: float = 30.0,
         user_agent: str = USER_AGENT,
         meter: Meter | None = None,
+        ssl: SSLContext | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.user_agent = user_agent
@@ -136,6 +143,10 @@ class Transport:
         # Reads cut at their bound, and watch upgrades that never completed.
         self.oversize = 0
         self.handshake_timeouts = 0
+        # Requests sent again after their pooled connection turned out closed.
+        self.stale = 0
+        # The identity's trust (its ca_file), else aiohttp's default: the system's roots.
+        self._ssl: SSLContext | bool = ssl if ssl is not None else True
 
     def set_token(self, token: str) -> None:
         self._token = token
@@ -161,7 +172,12 @@ class Transport:
         max_body: int = MAX_BODY,
     ) -> Response:
         """One HTTP exchange. Non-2xx answers raise :class:`CoderError` (with hints); a
-        body over ``max_body`` bytes raises :class:`OversizeResponse` (counted)."""
+        body over ``max_body`` bytes raises :class:`OversizeResponse` (counted).
+
+        A GET that finds its pooled connection closed by the server (an idle timer firing
+        as the request went out) is sent once more, at once, on a fresh connection:
+        counted in ``stale``, not an error. Any other method is not sent twice (it may
+        have been applied), and a fresh connection that fails is an error."""
         await self._pace()
         full_path = path + ("?" + query(params) if params else "")
         rid = f"{self.identity}-{next(self._ids)}"
@@ -171,31 +187,30 @@ class Transport:
             self._emit(HttpRequest(timestamp=now_ms(), id=rid, method=method, path=full_path))
         sent_wall = self.server_clock.wall_now()
         started = time.monotonic()
-        status: int | None = None
+        attempt = Attempt()
         try:
-            async with self._session.request(
-                method,
-                self.base_url + full_path,
-                headers=self._headers(),
-                json=json_body,
-                timeout=self._timeout,
-                allow_redirects=False,
-            ) as resp:
-                status = resp.status
-                headers = dict(resp.headers.items())
-                body = await self._read(resp, max_body)
+            try:
+                headers, body = await self._send(method, full_path, json_body, max_body, attempt)
+            except STALE:
+                if not (attempt.reused and method in REPEATABLE):
+                    raise
+                self._stale(method, path)
+                attempt = Attempt(fresh=True)
+                headers, body = await self._send(method, full_path, json_body, max_body, attempt)
         except OversizeResponse as exc:
-            self._meter(method, path, status, started)
+            self._meter(method, path, attempt.status, started)
             self._cut(method, path, max_body)
             self._emit_error(rid, method, full_path, str(exc), started)
             raise
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self._meter(method, path, None, started)
-            message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            message = describe(exc, method=method, reused=attempt.reused)
             self._emit_error(rid, method, full_path, message, started)
             raise CoderError(
                 status=None, message=message[:300], method=method, path=full_path
             ) from None
+        status = attempt.status
+        assert status is not None
         duration = self._meter(method, path, status, started) * 1000
         self.server_clock.observe(
             headers.get("Date"), sent_at=sent_wall, received_at=self.server_clock.wall_now()
@@ -224,6 +239,35 @@ class Transport:
                 retry_after=hint,
             )
         return response
+
+    async def _send(
+        self, method: str, full_path: str, json_body: Any, max_body: int, attempt: Attempt
+    ) -> tuple[dict[str, str], bytes]:
+        """One try on the wire: the answer's headers and body (its status in ``attempt``,
+        as is whether the pool lent an idle connection)."""
+        token = ATTEMPT.set(attempt)
+        try:
+            async with self._session.request(
+                method,
+                self.base_url + full_path,
+                headers=self._headers(),
+                json=json_body,
+                timeout=self._timeout,
+                allow_redirects=False,
+                ssl=self._ssl,
+            ) as resp:
+                attempt.status = resp.status
+                headers = dict(resp.headers.items())
+                return headers, await self._read(resp, max_body)
+        finally:
+            ATTEMPT.reset(token)
+
+    def _stale(self, method: str, path: str) -> None:
+        """A pooled connection the server had closed: counted, logged, sent again."""
+        self.stale += 1
+        if self.meter is not None:
+            self.meter.stale(self.identity)
+        log.debug("coder.stale_connection", identity=self.identity, method=method, path=path)
 
     async def _pace(self) -> None:
         """Wait for the identity's limiter (the wait told to the meter)."""
@@ -303,6 +347,7 @@ class Transport:
                         autoping=False,
                         timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
                         max_msg_size=1 << 20,
+                        ssl=self._ssl,
                     )
             except TimeoutError:
                 self.handshake_timeouts += 1
@@ -329,7 +374,7 @@ class Transport:
                 retry_after=hint,
             ) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            message = f"{type(exc).__name__}: {exc}"[:300]
+            message = describe(exc, method="GET", reused=False)[:300]
             self.emit_ws(WsError, reader=reader, attempt=attempt, message=message)
             self.emit_ws(WsClose, reader=reader, attempt=attempt, code=1006, reason="dial failed")
             raise CoderError(status=None, message=message, method="GET", path=path) from None

@@ -1,6 +1,8 @@
 """Reading secrets given by reference: a file, an environment variable, or a
 systemd credential name resolved under ``$CREDENTIALS_DIRECTORY``; and
-:func:`resolve_secrets`, which reads every reference a configuration makes.
+:func:`resolve_secrets`, which reads every reference a configuration makes (and
+checks each identity's ``ca_file``, the one other file it names: not a secret, but read
+when the tokens are, with its problems listed beside theirs).
 
 Errors name the reference (path, variable, credential), never the content.
 Every secret read is registered with :data:`watchd.kits.redaction.REGISTRY`
@@ -19,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from watchd.config.fields import ConfigError, SecretRef, http_url
 from watchd.config.model import Config
+from watchd.kits import tls
 from watchd.kits.redaction import REGISTRY
 
 
@@ -167,6 +170,11 @@ def resolve_secrets(
         v = _read(SecretRef.of(ident, "token"), path, problems)
         if v is not None:
             tokens[ident.name] = SecretStr(v)
+        if ident.ca_file is not None:
+            try:
+                tls.trust(ident.ca_file)
+            except ValueError as exc:
+                problems.append(f"identities.{i}.ca_file ({ident.name}): {exc}")
     for i, r in enumerate(config.receivers):
         if receivers is not None and r.name not in receivers:
             continue

@@ -66,6 +66,10 @@ class IdentityConfig(Strict):
     # requests and keeps the moving-cursor window short (docs/coder-api.md).
     page_size: Annotated[int, Field(ge=1, le=2**31 - 1)] = 500
     budgets: Budgets | None = None
+    # A PEM file of the certificate authority that signed the deployment's certificate
+    # (a private CA or a self-signed certificate): then only it is trusted for this
+    # identity, instead of the system's roots. Verification is never turned off.
+    ca_file: str | None = None
 
     @model_validator(mode="after")
     def _one_token(self) -> IdentityConfig:

@@ -24,6 +24,7 @@ from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.model import Alert, AlertSink
 from watchd.alerting.receivers.build import build_all
 from watchd.alerting.silencing import Inhibitor, from_config
+from watchd.coder import connections
 from watchd.config.fields import ConfigError
 from watchd.config.model import Config, shard_index
 from watchd.config.secrets import ResolvedSecrets
@@ -190,11 +191,9 @@ class Daemon:
         return all(h.seeded_once for h in self.health.values())
 
     async def run(self, stop: asyncio.Event) -> int:
-        # No pool limit: every identity holds one watch socket for good, so a per-host cap
-        # below the identity count would starve REST calls forever. Request concurrency is
-        # bounded per identity by its rate limiter instead.
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+        # Idle connections outlive the gap between two reconciles (coder.connections).
+        self._session = connections.open_session(
+            keepalive=connections.keepalive_for(self.settings.reconcile_interval)
         )
         self.identities.session = self._session
         sup = self.supervisor
@@ -329,6 +328,8 @@ class Daemon:
                 self.settings, reconcile_interval=config.reconcile_interval
             )
         self.detector.retune(config)
+        if self._session is not None:
+            connections.retune(self._session, self.settings.reconcile_interval)
         # Only owned identities run here: a resharding reload starts and stops watchers
         # like an edit of the identity list would. One owned by another replica now keeps
         # its alerts firing there under the same fingerprints: handed over, not resolved.

@@ -12,7 +12,9 @@ keeps clocks and firing alerts for identities whose deployment stays the same.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,7 +30,7 @@ from watchd.config.watching import IdentityConfig
 from watchd.daemon.metrics import Metrics
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
-from watchd.kits import logs
+from watchd.kits import logs, tls
 from watchd.kits.clock import ServerClock, WallClock
 from watchd.kits.ratelimit import RateLimiter
 from watchd.store.chats import ChatStore
@@ -143,6 +145,7 @@ class Identities:
         self.session: aiohttp.ClientSession | None = None
         self.dispatcher: Dispatcher | None = None
         self._gate = asyncio.Semaphore(CONCURRENT_LISTINGS)
+        self._contexts: dict[tuple[str, int, int], ssl.SSLContext] = {}
 
     def add(
         self,
@@ -166,20 +169,7 @@ class Identities:
             on_listing=self.metrics.listing.labels(name).observe,
             on_confirmation=self.metrics.confirmation.labels(name).observe,
         )
-        transport = Transport(
-            base_url=ident.url,
-            token=token,
-            session=self.session,
-            identity=name,
-            events=self.events,
-            source=own_source(name),
-            server_clock=clock,
-            limiter=RateLimiter(
-                rate=ident.requests_per_minute / 60.0, burst=max(5, ident.requests_per_minute // 10)
-            ),
-            user_agent=user_agent,
-            meter=self.metrics.coder,
-        )
+        transport = self._transport(ident, token=token, clock=clock, user_agent=user_agent)
         client = CoderClient(transport, page_size=ident.page_size)
         watcher = IdentityWatcher(
             health=health,
@@ -224,6 +214,41 @@ class Identities:
             # before would otherwise never resolve.
             fp = forecast_fingerprint(ident.url, name)
             self.detector.ledger.clear_alert(fp, why="the quota forecast is turned off")
+
+    def _transport(
+        self, ident: IdentityConfig, *, token: str, clock: ServerClock, user_agent: str
+    ) -> Transport:
+        """The identity's way to Coder: the shared session, its own limiter and trust."""
+        assert self.session is not None
+        return Transport(
+            base_url=ident.url,
+            token=token,
+            session=self.session,
+            identity=ident.name,
+            events=self.events,
+            source=own_source(ident.name),
+            server_clock=clock,
+            limiter=RateLimiter(
+                rate=ident.requests_per_minute / 60.0, burst=max(5, ident.requests_per_minute // 10)
+            ),
+            user_agent=user_agent,
+            meter=self.metrics.coder,
+            ssl=self._trust(ident.ca_file) if ident.ca_file else None,
+        )
+
+    def _trust(self, ca_file: str) -> ssl.SSLContext:
+        """The context for ``ca_file`` (checked when the config was read): one per file
+        and content, so identities trusting the same CA share the pool's connections
+        (the context is part of its key), and a CA rotated in place is read anew."""
+        try:
+            st = os.stat(ca_file)
+        except OSError:
+            return tls.trust(ca_file)  # raises, naming the file and why
+        key = (ca_file, st.st_mtime_ns, st.st_size)
+        if key not in self._contexts:
+            self._contexts = {k: v for k, v in self._contexts.items() if k[0] != ca_file}
+            self._contexts[key] = tls.trust(ca_file)
+        return self._contexts[key]
 
     def _start_quota(
         self,

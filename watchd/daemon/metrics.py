@@ -203,6 +203,13 @@ class CoderRequests:
             ["identity"],
             registry=registry,
         )
+        self.stale_connections = Counter(
+            "watchd_coder_stale_connections_total",
+            "Requests to Coder that met a pooled connection the server had closed and were "
+            "sent again once on a fresh one (GETs only; not an outage).",
+            ["identity"],
+            registry=registry,
+        )
         for method, path in routes.ROUTES:
             self.duration.labels(method, path)
             for status in routes.STATUSES:
@@ -215,3 +222,6 @@ class CoderRequests:
 
     def waited(self, identity: str, seconds: float) -> None:
         self.wait.labels(identity).inc(seconds)
+
+    def stale(self, identity: str) -> None:
+        self.stale_connections.labels(identity).inc()

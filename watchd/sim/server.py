@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 
 from aiohttp import web
@@ -61,19 +62,27 @@ class SimServer:
         self._runner: web.AppRunner | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.url = ""
+        # Connections that carried a Coder request (not /__sim), each one TCP (and with
+        # TLS one handshake): what a client's keep-alive saves shows here.
+        # Held while open (so no new connection can take a closed one's identity).
+        self.connections = 0
+        self._open: set[web.RequestHandler] = set()
         self._routes()
 
     # -- lifecycle ------------------------------------------------------------------
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+    async def start(
+        self, host: str = "127.0.0.1", port: int = 0, *, tls: ssl.SSLContext | None = None
+    ) -> str:
+        """Listen (HTTPS with ``tls``, a server context: watchd.sim.certs)."""
         self._runner = web.AppRunner(
             self.app, handle_signals=False, access_log=None, shutdown_timeout=1.0
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=tls)
         await site.start()
         bound = site._server.sockets[0].getsockname()[1] if site._server else port  # type: ignore[attr-defined]
-        self.url = f"http://{host}:{bound}"
+        self.url = f"{'https' if tls else 'http'}://{host}:{bound}"
         self._ticker = asyncio.create_task(self._tick_forever(), name="sim:ticker")
         return self.url
 
@@ -99,6 +108,10 @@ class SimServer:
         if request.path.startswith("/__sim"):
             return await handler(request)
         state.requests += 1
+        if request.protocol not in self._open:
+            self._open = {p for p in self._open if p.transport is not None}
+            self._open.add(request.protocol)
+            self.connections += 1
         try:
             if time.monotonic() < state.faults.unavailable_until:
                 raise SimError(503, "Coder is restarting.")
@@ -177,6 +190,7 @@ class SimServer:
         r.add_get("/api/v2/organizations/{org}/members/{user}/workspace-quota", self.quota)
         r.add_get("/api/v2/workspace-quota/{user}", self.quota)
         r.add_get("/api/v2/workspaces/{id}", self.workspace)
+        r.add_get("/__sim/connections", self.connections_seen)
         self.admin.add_routes(r)
 
     def _era(self, prefix: str, handler: Handler) -> Handler:
@@ -195,6 +209,10 @@ class SimServer:
             return await handler(request)
 
         return guarded
+
+    async def connections_seen(self, request: web.Request) -> web.StreamResponse:
+        """``GET /__sim/connections``: how many connections carried Coder requests."""
+        return json_response(200, {"connections": self.connections})
 
     # -- users, quota, workspaces ---------------------------------------------------
 
