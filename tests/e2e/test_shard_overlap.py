@@ -66,6 +66,7 @@ async def test_a_shared_shard_index_fires_overlap_and_gap(
         r["alert"]: r["annotations"]
         for g in yaml.safe_load((ROOT / "alerts" / "watchd.rules.yml").read_text())["groups"]
         for r in g["rules"]
+        if "alert" in r  # the SLO group's recording rules have no annotations
     }
     expected = []
     for alert, owner, severity in (
