@@ -1,6 +1,11 @@
-"""The oracle's view of a run, on the simulated server's clock: each chat's stays in each
-status (from the simulator's journal), the times watchd could not see or deliver, the
-server-clock steps, and the config in force.
+"""The oracle's view of a run: each chat's stays in each status (from the simulator's
+journal), the times watchd could not see or deliver, the server-clock steps, and the
+config in force.
+
+Two clocks: the simulated server's (stamps, and so budgets, are on it) and the host's
+(``wall``: what happened before what, and how long watchd took). A stay carries both;
+windows, deadlines and arrivals are host times, and a due time on the server's clock is
+turned into the host time the server's clock reached it (:meth:`Timeline.wall_of`).
 
 A stay's entry or exit was *heard* when its watch event was queued to a socket of the
 owner and no socket loss (a gap in the simulator's view, a drop, a Coder restart, a kill
@@ -22,8 +27,10 @@ from tests.soak.tolerances import LISTING, Tolerances
 
 @dataclass(frozen=True)
 class Window:
-    """Time (server clock) watchd could not see or deliver, and how long after it ends
-    it may still be catching up. ``user`` None: every identity."""
+    """Time (host clock) watchd could not see or deliver, from ``start`` to ``end``, and
+    how long after it ends work it interrupted may still take (``recovery``: a failed
+    re-read is retried 30 s later, a failed flush at the next one). ``user`` None: every
+    identity."""
 
     start: float
     end: float
@@ -31,24 +38,23 @@ class Window:
     kind: str
     user: str | None = None
 
-    @property
-    def until(self) -> float:
-        return self.end + self.recovery
-
 
 @dataclass
 class Stay:
-    """One chat in one status, from ``entered`` to ``left`` (None: still, at the end)."""
+    """One chat in one status, from ``entered`` to ``left`` (server clock; None: still, at
+    the end), the same on the host's clock, and its step commits (server, host)."""
 
     chat: str
     user: str
     status: str
     entered: float
+    entered_wall: float
     entry_heard: bool
     left: float | None = None
+    left_wall: float | None = None
     exit: str = ""  # status | archived | deleted
     exit_heard: bool = False
-    bumps: list[float] = field(default_factory=list)
+    bumps: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -82,6 +88,14 @@ class Episode:
     def left(self) -> float | None:
         return self.last.left
 
+    @property
+    def entered_wall(self) -> float:
+        return self.first.entered_wall
+
+    @property
+    def left_wall(self) -> float | None:
+        return self.last.left_wall
+
     def name(self) -> str:
         merged = (
             f" ({len(self.stays)} stays watchd cannot tell apart)" if len(self.stays) > 1 else ""
@@ -90,7 +104,7 @@ class Episode:
 
 
 class Timeline:
-    """Server-clock conversions, blind windows, clock steps and configs of one run."""
+    """Clock conversions, blind windows, clock steps and configs of one run (host times)."""
 
     def __init__(self, run: Run, tol: Tolerances) -> None:
         self.tol = tol
@@ -98,77 +112,84 @@ class Timeline:
         clocks = [e for e in run.journal if e["kind"] == "clock"]
         self._walls = [e["wall"] for e in clocks]
         self._offsets = [e["offset"] for e in clocks]
-        self.steps = [(e["at"], abs(e["offset"] - e["before"])) for e in clocks]
+        self.steps = [(e["wall"], abs(e["offset"] - e["before"])) for e in clocks]
         self.windows = sorted(self._windows(run), key=lambda w: w.start)
-        self._configs = [(self.server(w), int(v)) for w, v in run.configs]
+        self._configs = [(w, int(v)) for w, v in run.configs]
 
     def server(self, wall: float) -> float:
         """The simulated server's clock at host time ``wall``."""
         i = bisect.bisect_right(self._walls, wall)
         return wall + (self._offsets[i - 1] if i else 0.0)
 
+    def wall_of(self, server: float) -> float:
+        """The host time the server's clock first reached ``server``."""
+        bounds = [float("-inf"), *self._walls, float("inf")]
+        offsets = [0.0, *self._offsets]
+        for i, offset in enumerate(offsets):
+            w = max(bounds[i], server - offset)
+            if w < bounds[i + 1]:
+                return w
+        return server - offsets[-1]
+
     def _windows(self, run: Run) -> Iterable[Window]:
         tol = self.tol
+        # Until a socket is back and its seed listing applied, the identity is not ready.
         for user, gaps in run.watch_gaps.items():
             for start, end in gaps:
-                yield Window(self.server(start), self.server(end), LISTING, "unwatched", user)
+                yield Window(start, end + LISTING, 0.0, "unwatched", user)
         for killed, started in run.kills:
-            end = started or run.observed_until
-            yield Window(self.server(killed) - tol.persist, self.server(end), LISTING, "kill")
+            end = (started or run.observed_until) + LISTING
+            yield Window(killed - tol.persist, end, 0.0, "kill")
         for wall, _ in run.configs[1:]:
-            yield Window(self.server(wall), self.server(wall) + tol.reload, LISTING, "reload")
+            yield Window(wall, wall + tol.reload + LISTING, 0.0, "reload")
         for start, end, mode in run.receiver_outages:
-            yield Window(
-                self.server(start),
-                self.server(end or start),
-                tol.receiver_recovery,
-                f"receiver {mode}",
-            )
+            yield Window(start, end or start, tol.receiver_recovery, f"receiver {mode}")
         began: dict[str, float] = {}
         for e in run.journal:
-            kind, at = e["kind"], e["at"]
+            kind, wall = e["kind"], e["wall"]
             if kind == "restart":
-                yield Window(at, at + e["downtime"], tol.coder_recovery, "coder restart")
+                yield Window(wall, wall + e["downtime"], tol.coder_recovery, "coder restart")
             elif kind == "drop":
-                yield Window(at, at, LISTING, "sockets dropped")
+                yield Window(wall, wall, LISTING, "sockets dropped")
             elif kind == "faults":
                 for key in ("error_rate", "throttle_next"):
                     if key not in e["faults"]:
                         continue
                     if e["faults"][key]:
-                        began.setdefault(key, at)
+                        began.setdefault(key, wall)
                     elif key in began:
-                        yield Window(began.pop(key), at, tol.coder_recovery, f"coder {key}")
-        for key, at in began.items():
-            yield Window(at, self.server(run.observed_until), tol.coder_recovery, f"coder {key}")
+                        yield Window(began.pop(key), wall, tol.coder_recovery, f"coder {key}")
+        for key, wall in began.items():
+            yield Window(wall, run.observed_until, tol.coder_recovery, f"coder {key}")
 
     def extend(self, t0: float, slack: float, user: str) -> float:
-        """When something owed ``slack`` after ``t0`` is late: blind time overlapping it
-        pushes the deadline to ``slack`` after the window's recovery."""
+        """When something owed ``slack`` after ``t0`` is late: blind time within that span
+        pushes the deadline to ``slack`` after the window's end and recovery."""
         d = t0 + slack
         for w in self.windows:
             if w.start > d:
                 break
-            if (w.user is None or w.user == user) and w.until >= t0:
-                d = max(d, w.until + slack)
+            if (w.user is None or w.user == user) and w.end >= t0:
+                d = max(d, w.end + w.recovery + slack)
         return d
 
-    def socket_lost(self, at: float, user: str) -> bool:
-        """Whether an event queued at ``at`` may not have reached, or outlived, watchd."""
+    def socket_lost(self, wall: float, user: str) -> bool:
+        """Whether an event queued at ``wall`` may not have reached, or outlived, watchd."""
         return any(
-            w.start - self.tol.persist <= at <= w.end
+            w.start - self.tol.persist <= wall <= w.end
             for w in self.windows
             if w.kind in ("unwatched", "kill", "sockets dropped", "coder restart")
             and (w.user is None or w.user == user)
         )
 
     def steps_between(self, t0: float, t1: float) -> float:
-        """Server-clock steps the estimate may not have followed by some time in [t0, t1]."""
+        """Server-clock steps the estimate may not have followed at some host time in
+        [t0, t1]."""
         return sum(size for at, size in self.steps if t0 - self.tol.follow <= at <= t1)
 
     def budgets(self, status: str, t0: float, t1: float) -> tuple[float, float]:
-        """The least and greatest budget of ``status`` in force at some time in [t0, t1]
-        (a reload's old config counts until it is surely applied)."""
+        """The least and greatest budget of ``status`` in force at some host time in
+        [t0, t1] (a reload's old config counts until it is surely applied)."""
         used: set[int] = set()
         for i, (at, v) in enumerate(self._configs):
             nxt = self._configs[i + 1][0] + self.tol.reload if i + 1 < len(self._configs) else None
@@ -185,20 +206,23 @@ def stays(run: Run, line: Timeline) -> dict[str, list[Stay]]:
         kind = e["kind"]
         if kind not in ("created", "status", "archived", "deleted", "bumped"):
             continue
-        chat, user = e["chat"], e["owner"]
-        heard = e["heard"] > 0 and not line.socket_lost(e["at"], user)
+        chat, user, wall = e["chat"], e["owner"], e["wall"]
+        heard = e["heard"] > 0 and not line.socket_lost(wall, user)
         mine = out.setdefault(chat, [])
         current = mine[-1] if mine and mine[-1].left is None else None
         if kind == "bumped":
             if current is not None:
-                current.bumps.append(e["updated_at"])
+                current.bumps.append((e["updated_at"], wall))
             continue
         if current is not None:
             current.left = e["updated_at"] if kind != "deleted" else e["at"]
+            current.left_wall = wall
             current.exit = "status" if kind in ("status", "created") else kind
             current.exit_heard = heard
         if kind in ("created", "status"):
-            mine.append(Stay(chat, user, e["status"], e["updated_at"], heard))
+            # A created chat's age: it entered before the entry was written.
+            entered_wall = wall - (e["at"] - e["updated_at"])
+            mine.append(Stay(chat, user, e["status"], e["updated_at"], entered_wall, heard))
     return out
 
 
@@ -227,6 +251,6 @@ def _indistinct(run_of: list[Stay], line: Timeline) -> bool:
     """Whether the first and last of these consecutive stays (one status) look like one
     stay to watchd: no move between them was heard, and no listing had to fall between."""
     a, b = run_of[0], run_of[-1]
-    if a.left is None or any(s.exit_heard for s in run_of[:-1]):
+    if a.left_wall is None or any(s.exit_heard for s in run_of[:-1]):
         return False
-    return line.extend(a.left, line.tol.observe, a.user) > b.entered
+    return line.extend(a.left_wall, line.tol.observe, a.user) > b.entered_wall

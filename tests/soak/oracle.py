@@ -19,8 +19,8 @@ start (``since``, the server's own stamp). The failures:
   clock start lies in no stay of that chat and status;
 - **duplicate**: an episode paged under two fingerprints (one stay, two alerts); an alert
   sent firing again after its resolve was delivered; or a group notified again with
-  nothing new before repeat_interval (Alertmanager's dedup), unless a kill -9 fell in
-  between (a crash between a send and its record re-sends once: docs/alerting.md);
+  nothing new before repeat_interval (Alertmanager's dedup), unless a kill -9 came right
+  after the first (a crash between a send and its record re-sends once: docs/alerting.md);
 - **late**: a page after the deadline, or a resolve after the resolve deadline;
 - **missing resolve**: a paged episode that ended, with no resolve by the end;
 - **false resolve**: a resolve delivered before the chat left the status.
@@ -60,7 +60,8 @@ class Failure:
 
 @dataclass
 class Page:
-    """One chat alert's story at the receiver (server-clock times)."""
+    """One chat alert's story at the receiver: its clock start (the server's stamp) and
+    when notifications carrying it arrived (host clock)."""
 
     fingerprint: str
     chat: str
@@ -74,10 +75,14 @@ class Page:
 
 @dataclass
 class Judged:
+    """An episode's class and its times: due on the server's clock (earliest possible,
+    latest clock start), those as host times, and the page deadline (host)."""
+
     episode: Episode
     verdict: str  # should | grey | must-not | unjudged
     due_lo: float
-    due_hi: float
+    due_lo_wall: float
+    due_hi_wall: float
     deadline: float
     early: float
     budgets: tuple[float, float] = (0.0, 0.0)
@@ -85,13 +90,13 @@ class Judged:
 
     def describe(self, start: float) -> str:
         """The episode for a failure line: chat, status, identity, when (seconds into the
-        run, server clock), how long, its budget and class."""
+        run), its budget and class."""
         ep = self.episode
-        left = f"{ep.left - start:.1f}s" if ep.left is not None else "the end"
+        left = f"{ep.left_wall - start:.1f}s" if ep.left_wall is not None else "the end"
         lo, hi = self.budgets
         budget = f"{lo:g}s" if lo == hi else f"{lo:g}–{hi:g}s"
         return (
-            f"{ep.name()} of {ep.first.user} [{ep.entered - start:.1f}s → {left}, "
+            f"{ep.name()} of {ep.first.user} [{ep.entered_wall - start:.1f}s → {left}, "
             f"budget {budget}, {self.verdict}]"
         )
 
@@ -124,14 +129,13 @@ def judge(run: Run) -> Verdict:
         variants, max_clock_step=run.max_clock_step, receiver_retry_after=run.receiver_retry_after
     )
     line = Timeline(run, tol)
-    end = line.server(run.observed_until)
+    end = run.observed_until
     v = Verdict(run, tol, [], [], Counter(), [], [])
     pages = _pages(run, line, v.failures, v.notes)
     v.judged = _assess(episodes(run, line), line, end)
     _attribute(v.judged, pages, v.failures)
-    start = line.server(run.started)
     for j in v.judged:
-        _check(j, line, end, v, start=start)
+        _check(j, line, end, v, start=run.started)
     _dedup(run, v.failures, tol, v.notes)
     _harness(run, v.failures)
     return v
@@ -144,8 +148,7 @@ def _pages(
     others: set[str] = set()
     blind_for = max((w.end - w.start for w in line.windows), default=0.0)
     unhealthy = min(v["unhealthy_after"] for v in run.variants)
-    for wall, body in run.deliveries:
-        t = line.server(wall)
+    for t, body in run.deliveries:
         for a in body["alerts"]:
             labels, fp = a["labels"], a["fingerprint"]
             name = labels.get("alertname", "")
@@ -175,51 +178,53 @@ def _pages(
 
 
 def _clocks(ep: Episode, line: Timeline) -> list[float]:
-    """For each stay, the latest clock start watchd may hold: the entry when its event was
-    heard, else the updated_at a listing finds (step commits move it) by the time one
-    surely ran."""
+    """For each stay, the latest clock start watchd may hold (server clock): the entry
+    when its event was heard, else the updated_at a listing finds (step commits move it)
+    by the time one surely ran."""
     out = []
     for s in ep.stays:
         clock = s.entered
         if not s.entry_heard:
-            seen = line.extend(s.entered, line.tol.observe, s.user)
-            clock = max([s.entered, *(b for b in s.bumps if b <= seen)])
+            seen = line.extend(s.entered_wall, line.tol.observe, s.user)
+            clock = max([s.entered, *(b for b, wall in s.bumps if wall <= seen)])
         out.append(clock)
     return out
 
 
 def _assess(eps: list[Episode], line: Timeline, end: float) -> list[Judged]:
-    """Each episode's due times, deadline and class."""
+    """Each episode's due times, deadline and class (``end``: host time observing ended)."""
     tol = line.tol
     dues: list[list[float]] = []
     out: list[Judged] = []
     for ep in eps:
-        stop = ep.left if ep.left is not None else end
-        lo, hi = line.budgets(ep.status, ep.entered, stop)
-        due = [c + hi for c in _clocks(ep, line)]
+        stop = ep.left_wall if ep.left_wall is not None else end
+        lo, hi = line.budgets(ep.status, ep.entered_wall, stop)
+        due = [line.wall_of(c + hi) for c in _clocks(ep, line)]
         due_lo = ep.entered + lo
-        early = tol.early + line.steps_between(due_lo, max(due))
+        due_lo_wall = line.wall_of(due_lo)
+        early = tol.early + line.steps_between(due_lo_wall, max(due))
         dues.append(due)
-        out.append(Judged(ep, "", due_lo, max(due), 0.0, early, (lo, hi)))
+        out.append(Judged(ep, "", due_lo, due_lo_wall, max(due), 0.0, early, (lo, hi)))
     # Chats of one identity due together are confirmed one after another.
     by_user: dict[str, list[float]] = {}
     for j in out:
-        by_user.setdefault(j.episode.first.user, []).append(j.due_lo)
+        by_user.setdefault(j.episode.first.user, []).append(j.due_lo_wall)
     window = tol.confirm(tol.confirm_threshold)
     for j, due in zip(out, dues, strict=True):
         ep, user = j.episode, j.episode.first.user
-        together = sum(1 for d in by_user[user] if j.due_lo - window <= d <= j.due_hi)
-        slack = tol.page(together, line.steps_between(j.due_lo, j.due_hi))
+        together = sum(1 for d in by_user[user] if j.due_lo_wall - window <= d <= j.due_hi_wall)
+        slack = tol.page(together, line.steps_between(j.due_lo_wall, j.due_hi_wall))
         deadlines = [line.extend(d, slack, user) for d in due]
         owed = [
             dl
             for s, dl in zip(ep.stays, deadlines, strict=True)
-            if (s.left if s.left is not None else end) >= dl
+            if (s.left_wall if s.left_wall is not None else end) >= dl
         ]
-        stop = ep.left if ep.left is not None else end
+        # On the server's clock: how long it stayed, against its budget.
+        stayed_until = ep.left if ep.left is not None else line.server(end)
         if owed:
             j.verdict, j.deadline = "should", min(owed)
-        elif stop < j.due_lo - j.early:
+        elif stayed_until < j.due_lo - j.early:
             j.verdict, j.deadline = "must-not", max(deadlines)
         elif ep.left is None:
             j.verdict, j.deadline = "unjudged", max(deadlines)
@@ -270,21 +275,21 @@ def _check(j: Judged, line: Timeline, end: float, v: Verdict, *, start: float) -
             Failure(
                 "missed",
                 name,
-                f"no page within {j.deadline - ep.entered:.1f}s of entering (its deadline)",
+                f"no page within {j.deadline - ep.entered_wall:.1f}s of entering (its deadline)",
             )
         )
     for p in fired:
         assert p.fired is not None
-        early = p.fired < j.due_lo - j.early
+        early = p.fired < j.due_lo_wall - j.early
         if not early and j.verdict != "must-not":
             continue
         why = (
-            f"paged {j.due_lo - p.fired:.1f}s before its budget (tolerance {j.early:g}s)"
+            f"paged {j.due_lo_wall - p.fired:.1f}s before its budget (tolerance {j.early:g}s)"
             if early
             else "paged"
         )
         if j.verdict == "must-not":
-            why += f"; it lasted only {(ep.left or end) - ep.entered:.1f}s"
+            why += f"; it lasted only {(ep.left_wall or end) - ep.entered_wall:.1f}s"
         failures.append(Failure("false", name, why))
     if fired:
         first = min(p.fired for p in fired if p.fired is not None)
@@ -293,7 +298,7 @@ def _check(j: Judged, line: Timeline, end: float, v: Verdict, *, start: float) -
                 Failure("late", name, f"paged {first - j.deadline:.1f}s after its deadline")
             )
         elif j.verdict == "should":
-            v.page_latency.append(first - j.due_hi)
+            v.page_latency.append(first - j.due_hi_wall)
     per_stay = Counter(
         next(i for i, s in enumerate(ep.stays) if _contains(s.entered, s.left, p.since))
         for p in fired
@@ -316,18 +321,19 @@ def _check_resolve(
     failures = v.failures
     ep = j.episode
     name = f"{episode} alert {p.fingerprint}"
-    earliest = ep.first.left
+    earliest = ep.first.left_wall
     if p.resolved is not None and (earliest is None or p.resolved < earliest - EPSILON):
         still = (
             "still in it at the end" if earliest is None else f"{earliest - p.resolved:.1f}s before"
         )
         failures.append(Failure("false resolve", name, f"resolved while in {ep.status} ({still})"))
         return
-    if ep.left is None:
+    if ep.left_wall is None:
         return
     last = ep.last
     gone = last.exit in ("archived", "deleted")
-    due = line.extend(ep.left, line.tol.resolve(heard=last.exit_heard, gone=gone), last.user)
+    owed = line.tol.resolve(heard=last.exit_heard, gone=gone)
+    due = line.extend(ep.left_wall, owed, last.user)
     if p.resolved is None:
         if due <= end:
             how = "heard" if last.exit_heard else "unheard"
@@ -339,7 +345,7 @@ def _check_resolve(
             Failure("late", name, f"resolved {p.resolved - due:.1f}s after its resolve deadline")
         )
     else:
-        v.resolve_latency.append(p.resolved - ep.left)
+        v.resolve_latency.append(p.resolved - ep.left_wall)
 
 
 def _dedup(run: Run, failures: list[Failure], tol: Tolerances, notes: Counter[str]) -> None:
@@ -356,7 +362,8 @@ def _dedup(run: Run, failures: list[Failure], tol: Tolerances, notes: Counter[st
             continue
         if wall - prev[0] >= tol.repeat_min - tol.flush_max:
             notes["repeats"] += 1
-        elif any(prev[0] <= k <= wall for k in kills):
+        elif any(prev[0] <= k <= min(wall, prev[0] + tol.persist) for k in kills):
+            # Killed between the send and its record (committed at once after the answer).
             notes["re-sent after a kill -9"] += 1
         else:
             failures.append(

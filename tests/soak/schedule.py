@@ -92,7 +92,7 @@ class _Dwell:
             return rng.uniform(0.3, max(0.5, lo - self.early - 2.0))
         if roll < SHORT + GREY:
             return rng.uniform(lo - self.early, hi + self.page)
-        return rng.uniform(hi + self.page + 3.0, hi + self.page + 40.0)
+        return rng.uniform(hi + self.page + 3.0, hi + self.page + 55.0)
 
 
 def _slot_life(

@@ -122,9 +122,10 @@ def test_two_alerts_for_one_stay_and_a_refire_are_duplicates() -> None:
     assert any("firing again after its resolve" in f.why for f in v.failures)
 
 
-def test_a_group_renotified_with_nothing_new_is_a_duplicate_unless_a_kill_came_between() -> None:
+def test_a_group_renotified_with_nothing_new_is_a_duplicate_unless_killed_right_after() -> None:
     """The same notification again 2 s later breaks Alertmanager's dedup; after a kill -9
-    it is the one re-send the spec allows."""
+    right after the first send it is the one re-send the spec allows, after a later one
+    it is not."""
     s, _ = one_chat([(10, "running"), (100, "waiting")])
     notes = s.notifications()
     first = notes[0]
@@ -132,8 +133,10 @@ def test_a_group_renotified_with_nothing_new_is_a_duplicate_unless_a_kill_came_b
     v = judge(s.run([first, *again, *notes[1:]]))
     assert [(f.kind, f.what.split(" ")[0]) for f in v.failures] == [("duplicate", "group")]
     run = s.run([first, *again, *notes[1:]])
-    run.kills = [[first[0] + 1.0, first[0] + 1.5]]
+    run.kills = [[first[0] + 0.1, first[0] + 1.5]]
     assert judge(run).ok
+    run.kills = [[first[0] + 1.5, first[0] + 1.8]]  # it had been recorded: no excuse
+    assert not judge(run).ok
 
 
 def test_a_resolve_before_leaving_and_a_page_of_no_stay_are_false() -> None:

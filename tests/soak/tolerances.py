@@ -110,12 +110,15 @@ class Tolerances:
             f"{self.resolve(heard=False, gone=False):g}s when a listing must find it "
             f"(reconcile × {RECONCILE_JITTER} + listing), "
             f"{self.resolve(heard=False, gone=True):g}s for a chat gone without an event",
-            f"blind time (no watch socket, daemon killed, reload) adds itself + "
-            f"{LISTING:g}s; Coder errors add themselves + {self.coder_recovery:g}s "
-            f"(the re-read retry); receiver outages add themselves + "
-            f"{self.receiver_recovery:g}s (flush retries, group_interval, Retry-After)",
+            f"blind time inside a span pushes its end to the tolerance after the window and its "
+            f"recovery: no watch socket, a kill -9 (from {self.persist:g}s before) or a reload "
+            f"({self.reload:g}s) last until the seed listing ({LISTING:g}s); Coder errors, 429s "
+            f"or a Coder restart recover {self.coder_recovery:g}s after (a failed re-read is "
+            f"retried 30s later); receiver outages {self.receiver_recovery:g}s after (flush "
+            "retries, group_interval, Retry-After)",
             f"an event heard within {self.persist:g}s before a kill -9 counts as unheard "
             f"(a new clock is committed within 100 ms); a reload applies within {self.reload:g}s",
             f"duplicate re-send: an unchanged group notified again within repeat_interval "
-            f"({self.repeat_min:g}s) − one flush ({self.flush_max:g}s), no kill -9 between",
+            f"({self.repeat_min:g}s) − one flush ({self.flush_max:g}s), unless a kill -9 came "
+            f"within {self.persist:g}s of the first (killed between the send and its record)",
         ]
