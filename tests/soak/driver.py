@@ -28,7 +28,7 @@ from tests.soak.shape import Shape, Variant
 from tests.soak.tolerances import Tolerances
 
 POLL = 0.25  # seconds between looks at who holds a watch socket
-DRAIN = 8.0  # after the last move, beyond the heard resolve's tolerance
+DRAIN = 8.0  # after the last move, beyond the slowest resolve's tolerance
 
 
 class Soak:
@@ -132,7 +132,7 @@ class Soak:
                         await asyncio.sleep(delay)
                     await self._do(action)
                     run.actions[action.kind] = run.actions.get(action.kind, 0) + 1
-            await asyncio.sleep(self.tol.resolve(heard=True, gone=False) + DRAIN)
+            await asyncio.sleep(self.tol.resolve(heard=False, gone=True) + DRAIN)
             self.killed = True  # from here on an exit is ours
             rc = self.daemon.terminate(timeout=20)
             run.observed_until = time.time()

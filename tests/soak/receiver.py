@@ -93,8 +93,8 @@ class SoakReceiver:
         if self.down is not None:
             self.refused += 1
             if self.down == "reset" and request.transport is not None:
-                request.transport.abort()
-                raise ConnectionResetError("receiver down: connection reset")
+                request.transport.abort()  # the answer below goes nowhere
+                return web.Response(status=503)
             if self.down == "429":
                 return web.Response(status=429, headers={"Retry-After": f"{self.retry_after:g}"})
             return web.Response(status=503, text="receiver down")
