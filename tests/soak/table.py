@@ -30,6 +30,23 @@ def _spread(values: list[float]) -> str:
     )
 
 
+def _clock_starts(v: Verdict) -> dict[str, int]:
+    """How the pages' clock starts compare with the stays they belong to: at the entry
+    itself (to the millisecond), or later (a lower bound: the entry went unseen)."""
+    out = {"exact": 0, "exact_heard": 0, "later": 0, "later_heard": 0}
+    for j in v.judged:
+        for p in j.pages:
+            if p.fired is None:
+                continue
+            # Its stay: the last one entered by its clock start (the oracle put it there).
+            stay = [s for s in j.episode.stays if s.entered - 0.002 <= p.since][-1]
+            kind = "exact" if abs(p.since - stay.entered) < 0.001 else "later"
+            out[kind] += 1
+            if stay.entry_heard:
+                out[f"{kind}_heard"] += 1
+    return out
+
+
 def facts(v: Verdict) -> dict[str, Any]:
     """The figures the summary prints, as plain data (saved as JSON)."""
     run = v.run
@@ -57,6 +74,7 @@ def facts(v: Verdict) -> dict[str, Any]:
         "episodes": {c: dict(by_class[c]) for c in CLASSES},
         "merged": sum(1 for j in v.judged if len(j.episode.stays) > 1),
         "paged": sum(1 for j in v.judged if any(p.fired is not None for p in j.pages)),
+        "clock_starts": _clock_starts(v),
         "failures": {k: v.count(k) for k in KINDS},
         "failure_list": [str(f) for f in v.failures],
         "notes": dict(v.notes),
@@ -81,6 +99,10 @@ def summary(v: Verdict) -> str:
         f"socket drops {a.get('drop_watch', 0)}, clock steps {a.get('clock', 0)}",
         f"  notifications {f['notifications']} accepted, {f['refused_while_down']} refused "
         f"while the receiver was down; {f['paged']} episodes paged",
+        f"  clock starts of the pages: {f['clock_starts']['exact']} at the entry to the "
+        f"millisecond ({f['clock_starts']['exact_heard']} of them heard), "
+        f"{f['clock_starts']['later']} later (the entry unseen: a lower bound; "
+        f"{f['clock_starts']['later_heard']} with the entry heard)",
         "",
         f"  {'episodes':<28}" + "".join(f"{s:>17}" for s in WATCHED) + f"{'total':>9}",
     ]
