@@ -35,15 +35,14 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 from tests.soak.history import Episode, Timeline, episodes
+from tests.soak.notifications import Other, Page, read, unchanged
 from tests.soak.record import Run
-from tests.soak.shape import ALERTNAME, Variant
+from tests.soak.shape import Variant
 from tests.soak.tolerances import Tolerances
 
-CHAT_ALERTS = frozenset(ALERTNAME.values())
 KINDS = ("missed", "false", "duplicate", "late", "missing resolve", "false resolve", "other")
 EPSILON = 0.002  # stamps go through RFC 3339 text (microseconds) and floats
 
@@ -56,21 +55,6 @@ class Failure:
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.what}: {self.why}"
-
-
-@dataclass
-class Page:
-    """One chat alert's story at the receiver: its clock start (the server's stamp) and
-    when notifications carrying it arrived (host clock)."""
-
-    fingerprint: str
-    chat: str
-    status: str
-    identity: str
-    since: float  # its clock start
-    fired: float | None = None  # first notification with it firing
-    resolved: float | None = None  # first with it resolved
-    refired: list[float] = field(default_factory=list)  # firing again after the resolve
 
 
 @dataclass
@@ -119,10 +103,6 @@ class Verdict:
         return sum(1 for f in self.failures if f.kind == kind)
 
 
-def _ts(text: str) -> float:
-    return datetime.fromisoformat(text).timestamp()
-
-
 def judge(run: Run) -> Verdict:
     variants = [Variant.from_dict(v) for v in run.variants]
     tol = Tolerances.of(
@@ -131,7 +111,8 @@ def judge(run: Run) -> Verdict:
     line = Timeline(run, tol)
     end = run.observed_until
     v = Verdict(run, tol, [], [], Counter(), [], [])
-    pages = _pages(run, line, v.failures, v.notes)
+    pages, others = read(run)
+    _others(others, line, run, v)
     v.judged = _assess(episodes(run, line), line, end)
     _attribute(v.judged, pages, v.failures)
     for j in v.judged:
@@ -141,40 +122,17 @@ def judge(run: Run) -> Verdict:
     return v
 
 
-def _pages(
-    run: Run, line: Timeline, failures: list[Failure], notes: Counter[str]
-) -> dict[str, Page]:
-    pages: dict[str, Page] = {}
-    others: set[str] = set()
+def _others(others: list[Other], line: Timeline, run: Run, v: Verdict) -> None:
+    """Alerts other than the chat alerts: IdentityUnhealthy only after blind time longer
+    than ``unhealthy_after``; anything else is not the soak's doing."""
     blind_for = max((w.end - w.start for w in line.windows), default=0.0)
-    unhealthy = min(v["unhealthy_after"] for v in run.variants)
-    for t, body in run.deliveries:
-        for a in body["alerts"]:
-            labels, fp = a["labels"], a["fingerprint"]
-            name = labels.get("alertname", "")
-            if name not in CHAT_ALERTS:
-                if a["status"] == "firing" and fp not in others:
-                    others.add(fp)
-                    notes[f"alert {name}"] += 1
-                    if name != "IdentityUnhealthy" or blind_for < unhealthy - 1.0:
-                        failures.append(
-                            Failure("other", f"{name} {labels}", "an alert the soak does not cause")
-                        )
-                continue
-            p = pages.get(fp)
-            if p is None:
-                since = _ts(a["annotations"]["since"])
-                p = pages[fp] = Page(
-                    fp, labels["chat_id"], labels["status"], labels["identity"], since
-                )
-            if a["status"] == "firing":
-                if p.fired is None:
-                    p.fired = t
-                elif p.resolved is not None and t > p.resolved:
-                    p.refired.append(t)
-            elif p.resolved is None:
-                p.resolved = t
-    return pages
+    unhealthy = min(variant["unhealthy_after"] for variant in run.variants)
+    for o in others:
+        v.notes[f"alert {o.name}"] += 1
+        if o.name != "IdentityUnhealthy" or blind_for < unhealthy - 1.0:
+            v.failures.append(
+                Failure("other", f"{o.name} {o.labels}", "an alert the soak does not cause")
+            )
 
 
 def _clocks(ep: Episode, line: Timeline) -> list[float]:
@@ -352,19 +310,11 @@ def _check_resolve(
 
 def _dedup(run: Run, failures: list[Failure], tol: Tolerances, notes: Counter[str]) -> None:
     """Group notifications that told the receiver nothing new, before repeat_interval."""
-    last: dict[str, tuple[float, frozenset[str], frozenset[str]]] = {}
     kills = [k for k, _ in run.kills]
-    for wall, body in run.deliveries:
-        firing = frozenset(a["fingerprint"] for a in body["alerts"] if a["status"] == "firing")
-        resolved = frozenset(a["fingerprint"] for a in body["alerts"] if a["status"] != "firing")
-        key = body["groupKey"]
-        prev = last.get(key)
-        last[key] = (wall, firing, resolved)
-        if prev is None or firing - prev[1] or resolved - prev[2]:
-            continue
-        if wall - prev[0] >= tol.repeat_min - tol.flush_max:
+    for key, prev, wall in unchanged(run):
+        if wall - prev >= tol.repeat_min - tol.flush_max:
             notes["repeats"] += 1
-        elif any(prev[0] <= k <= min(wall, prev[0] + tol.persist) for k in kills):
+        elif any(prev <= k <= min(wall, prev + tol.persist) for k in kills):
             # Killed between the send and its record (committed at once after the answer).
             notes["re-sent after a kill -9"] += 1
         else:
@@ -372,7 +322,7 @@ def _dedup(run: Run, failures: list[Failure], tol: Tolerances, notes: Counter[st
                 Failure(
                     "duplicate",
                     f"group {key}",
-                    f"notified again after {wall - prev[0]:.1f}s with nothing new",
+                    f"notified again after {wall - prev:.1f}s with nothing new",
                 )
             )
 
