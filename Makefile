@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck unit e2e bench sim clean system-deps lock
+.PHONY: run test lint typecheck unit e2e soak bench sim clean system-deps lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,18 @@ e2e: $(STAMP) system-deps
 test: lint typecheck system-deps
 	$(BIN)/pytest -n $(UNIT_WORKERS) tests/unit
 	$(BIN)/pytest tests/e2e tests/system
+	$(BIN)/pytest tests/soak
+
+# The randomized soak (docs/testing.md): the real daemon against the simulator under motion
+# and faults, judged by an oracle. `make test` runs 2 minutes of seed 1 (and the oracle's
+# own tests); `make soak` writes its summary and the run's record to bench/results/soak/.
+MINUTES ?= 30
+SEED ?= 1
+
+soak: $(STAMP)
+	SOAK_MINUTES=$(MINUTES) SOAK_SEED=$(SEED) \
+		SOAK_RESULTS=bench/results/soak/seed$(SEED)-$(MINUTES)min \
+		$(BIN)/pytest -s -p no:cacheprovider tests/soak/test_soak.py
 
 bench: $(STAMP)
 	@# The Node.js peer row (bench/node) needs its `ws` module; skipped (said) without npm.

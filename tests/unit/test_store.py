@@ -59,6 +59,21 @@ def test_stale_updates_are_ignored() -> None:
     assert rec is not None and rec.status == "waiting" and s.stale_ignored == 1
 
 
+def test_an_older_stamp_with_another_status_is_held_for_a_fresh_read() -> None:
+    """An event or row older than the record that names another status (overtaken, or
+    stamped after the server's clock stepped back) changes nothing but is handed out once
+    for a re-read; an older one with the same status is plain stale."""
+    s = ChatStore()
+    s.observe("a", chat("c1", "error", 200.0), now=200.0, via="watch", kind="status_change")
+    assert s.observe("a", chat("c1", "error", 199.0), now=201.0, via="listing") is None
+    assert s.take_contradicted("a") == set()
+    assert s.observe("a", chat("c1", "running", 197.5), now=201.0, via="watch") is None
+    assert s.observe("a", chat("c1", "running", 197.5), now=205.0, via="listing") is None
+    assert s.take_contradicted("a") == {"c1"} and s.take_contradicted("a") == set()
+    rec = s.get("a", "c1")
+    assert rec is not None and rec.status == "error"
+
+
 def test_listing_difference_is_synthesized_transition() -> None:
     """A status change found by a listing is marked synthesized."""
     s = ChatStore()

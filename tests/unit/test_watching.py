@@ -300,6 +300,35 @@ async def test_capacity_reads_learn_two_hundred_flags_paced_within_the_documente
                 await reconcile
 
 
+@pytest.mark.parametrize("silent", [False, True], ids=["event", "listing"])
+async def test_a_transition_stamped_after_the_server_clock_stepped_back_is_read_again(
+    sim: Sim, session: aiohttp.ClientSession, silent: bool
+) -> None:
+    """The server's clock steps back 3 s between two transitions, so the second carries an
+    older updated_at than the first: its event (or, when it sent none, the listing row)
+    looks stale, so the chat is read again, and the read starts the new clock at the
+    transition's own stamp instead of waiting for updated_at to pass the old one."""
+    alice = sim.state.add_user("alice")
+    chat = sim.state.add_chat(alice, status="waiting")
+    async with watching(sim, alice, session) as r:
+        reconcile = asyncio.create_task(r.watcher.reconcile_forever())
+        try:
+            await eventually(lambda: r.health.ready)
+            sim.state.set_status(chat.id, "error")
+            await eventually(lambda: r.store.get("alice", chat.id).status == "error")  # type: ignore[union-attr]
+            sim.state.clock_offset -= 3.0
+            sim.state.set_status(chat.id, "running", silent=silent)
+            stamp = sim.state.chats[chat.id].updated_at
+            if silent:
+                await r.watcher.relist()
+            await eventually(lambda: r.store.get("alice", chat.id).status == "running")  # type: ignore[union-attr]
+            assert r.store.get("alice", chat.id).since == pytest.approx(stamp, abs=1e-5)  # type: ignore[union-attr]
+        finally:
+            reconcile.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reconcile
+
+
 async def test_reconnect_after_drop_reseeds(sim: Sim, session: aiohttp.ClientSession) -> None:
     """A dropped socket is redialed and the identity reseeded, catching missed changes."""
     alice = sim.state.add_user("alice")

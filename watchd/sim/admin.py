@@ -2,6 +2,11 @@
 inspect the state, add and move chats, inject faults, drop or flood watch sockets,
 change the era, the clock, quota and workspaces.
 
+Every change made through it is written to a bounded journal (``GET /__sim/history``)
+stamped with the simulated server's clock and the host's, and with how many of the
+owner's watch sockets its event was queued to: what each chat's status was and when, as
+the server knows it (the soak's oracle judges the daemon against it).
+
 Never authenticated and never rate limited: it is not part of Coder's API, and the
 middleware lets it through untouched.
 """
@@ -10,14 +15,66 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
+from typing import Any
 
 from aiohttp import web
 
 from watchd.sim import quota
 from watchd.sim.payloads import json_response
-from watchd.sim.records import Step, iso
+from watchd.sim.records import SimChat, Step, Subscriber, iso
 from watchd.sim.state import SimState
 from watchd.sim.watch import WatchSockets
+
+# Journal entries kept (the oldest go first, counted): a 30-minute soak writes ~20 000.
+HISTORY_LIMIT = 500_000
+
+
+class Journal:
+    """What the admin API did to the world, in order: ``seq``, ``kind``, ``at`` (the
+    simulated server's clock), ``wall`` (the host's) and the kind's own fields. A chat's
+    entry carries its ``status`` and ``updated_at`` after the change and ``heard``: how
+    many of the owner's open watch sockets its event was queued to (0 when silent, when
+    nobody watched, or when a full buffer dropped it)."""
+
+    def __init__(self, state: SimState, limit: int = HISTORY_LIMIT) -> None:
+        self.state = state
+        self.entries: deque[dict[str, Any]] = deque(maxlen=limit)
+        self.seq = 0
+        self.dropped = 0
+
+    def write(self, kind: str, **fields: Any) -> None:
+        if len(self.entries) == self.entries.maxlen:
+            self.dropped += 1
+        self.seq += 1
+        s = self.state
+        self.entries.append(
+            {"seq": self.seq, "kind": kind, "at": s.now(), "wall": s.wall(), **fields}
+        )
+
+    def chat(self, kind: str, chat: SimChat, *, heard: int, **fields: Any) -> None:
+        self.write(
+            kind,
+            chat=chat.id,
+            owner=self.state.users[chat.owner_id].username,
+            status=chat.status,
+            updated_at=chat.updated_at,
+            archived=chat.archived,
+            heard=heard,
+            **fields,
+        )
+
+    def queues(self, owner_id: str) -> dict[Subscriber, int]:
+        """The owner's watch sockets and their queue lengths, before an event."""
+        return {s: s.queue.qsize() for s in self.state.subscribers if s.user_id == owner_id}
+
+    @staticmethod
+    def heard(before: dict[Subscriber, int], events: int = 1) -> int:
+        """Sockets whose queue took ``events`` more since ``before`` (no await between)."""
+        return sum(1 for sub, n in before.items() if sub.queue.qsize() >= n + events)
+
+    def after(self, seq: int) -> list[dict[str, Any]]:
+        return [e for e in self.entries if e["seq"] > seq]
 
 
 def _watching(state: SimState) -> dict[str, list[str]]:
@@ -34,9 +91,12 @@ class AdminAPI:
     def __init__(self, state: SimState, sockets: WatchSockets) -> None:
         self.state = state
         self.sockets = sockets
+        self.journal = Journal(state)
 
     def add_routes(self, r: web.UrlDispatcher) -> None:
         r.add_get("/__sim/state", self.admin_state)
+        r.add_get("/__sim/history", self.admin_history)
+        r.add_get("/__sim/watching", self.admin_watching)
         r.add_post("/__sim/chats", self.admin_add_chat)
         r.add_post("/__sim/chats/{id}/status", self.admin_status)
         r.add_post("/__sim/chats/{id}/archive", self.admin_archive)
@@ -68,6 +128,7 @@ class AdminAPI:
                         "id": c.id,
                         "owner": s.users[c.owner_id].username,
                         "status": c.status,
+                        "updated_at": c.updated_at,
                         "archived": c.archived,
                         "title": c.title,
                         "parent_id": c.parent_id,
@@ -86,6 +147,21 @@ class AdminAPI:
             },
         )
 
+    async def admin_history(self, request: web.Request) -> web.StreamResponse:
+        """The journal after ``?after=SEQ`` (default: all of it), and how many of its
+        oldest entries were dropped for room."""
+        try:
+            after = int(request.query.get("after", "0"))
+        except ValueError:
+            return json_response(400, {"message": "bad admin request: after"})
+        j = self.journal
+        return json_response(200, {"entries": j.after(after), "seq": j.seq, "dropped": j.dropped})
+
+    async def admin_watching(self, request: web.Request) -> web.StreamResponse:
+        """Who holds a watch socket now (username → User-Agents), cheap enough to poll."""
+        s = self.state
+        return json_response(200, {"at": s.now(), "wall": s.wall(), "watching": _watching(s)})
+
     async def admin_add_chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         s = self.state
@@ -97,6 +173,7 @@ class AdminAPI:
             ]
             parent = s.chats[body["parent_id"]] if body.get("parent_id") else None
             workspace = s.workspaces[body["workspace_id"]] if body.get("workspace_id") else None
+            before = self.journal.queues(owner.id)
             chat = s.add_chat(
                 owner,
                 title=body.get("title", "chat"),
@@ -114,6 +191,7 @@ class AdminAPI:
             )
         except (KeyError, ValueError) as exc:
             return json_response(400, {"message": f"bad admin request: {exc}"})
+        self.journal.chat("created", chat, heard=self.journal.heard(before))
         return json_response(200, {"id": chat.id})
 
     async def admin_status(self, request: web.Request) -> web.StreamResponse:
@@ -121,21 +199,30 @@ class AdminAPI:
         cid = request.match_info["id"]
         if cid not in self.state.chats:
             return json_response(404, {"message": "no such chat"})
+        chat = self.state.chats[cid]
+        silent = bool(body.get("silent"))
+        before = self.journal.queues(chat.owner_id)
         try:
-            self.state.chats[cid].script.clear()
+            chat.script.clear()
             self.state.set_status(
-                cid,
-                body["status"],
-                silent=bool(body.get("silent")),
-                last_error=body.get("last_error"),
+                cid, body["status"], silent=silent, last_error=body.get("last_error")
             )
         except (KeyError, ValueError) as exc:
             return json_response(400, {"message": f"bad admin request: {exc}"})
-        return json_response(200, {"ok": True})
+        self.journal.chat("status", chat, heard=self.journal.heard(before), silent=silent)
+        return json_response(200, {"ok": True, "updated_at": chat.updated_at})
 
     async def admin_archive(self, request: web.Request) -> web.StreamResponse:
         """Archive as coderd does (``deleted`` published for every family member)."""
-        self.state.archive(request.match_info["id"])
+        cid = request.match_info["id"]
+        if cid not in self.state.chats:
+            return json_response(404, {"message": "no such chat"})
+        family = self.state.members(self.state.chats[cid])
+        before = self.journal.queues(family[0].owner_id)
+        self.state.archive(cid)
+        heard = self.journal.heard(before, len(family))
+        for member in family:
+            self.journal.chat("archived", member, heard=heard)
         return json_response(200, {"ok": True})
 
     async def admin_bump(self, request: web.Request) -> web.StreamResponse:
@@ -149,6 +236,7 @@ class AdminAPI:
         after = body.get("after_page")
         if after is None:
             self.state.bump(cid)
+            self.journal.chat("bumped", self.state.chats[cid], heard=0)
         elif isinstance(after, int) and after >= 0:
             self.state.bump_after_page[cid] = after
         else:
@@ -165,7 +253,14 @@ class AdminAPI:
         return json_response(200, {"ok": True})
 
     async def admin_delete(self, request: web.Request) -> web.StreamResponse:
-        self.state.delete(request.match_info["id"])
+        """Hard delete (a retention purge): the chat and its children, no watch event."""
+        cid = request.match_info["id"]
+        if cid not in self.state.chats:
+            return json_response(404, {"message": "no such chat"})
+        family = [self.state.chats[cid], *self.state.children_of(cid)]
+        self.state.delete(cid)
+        for member in family:
+            self.journal.chat("deleted", member, heard=0)
         return json_response(200, {"ok": True})
 
     async def admin_faults(self, request: web.Request) -> web.StreamResponse:
@@ -177,16 +272,21 @@ class AdminAPI:
             if key == "unavailable_for":
                 continue
             setattr(faults, key, value)
+        self.journal.write("faults", faults=body)
         return json_response(200, {"ok": True})
 
     async def admin_drop(self, request: web.Request) -> web.StreamResponse:
         body = await request.json() if request.can_read_body else {}
-        n = self.state.drop_watch(code=int(body.get("code", 1001)))
+        code = int(body.get("code", 1001))
+        n = self.state.drop_watch(code=code)
+        self.journal.write("drop", code=code, dropped=n)
         return json_response(200, {"dropped": n})
 
     async def admin_restart(self, request: web.Request) -> web.StreamResponse:
         body = await request.json() if request.can_read_body else {}
-        self.state.restart(float(body.get("downtime", 2.0)))
+        downtime = float(body.get("downtime", 2.0))
+        self.state.restart(downtime)
+        self.journal.write("restart", downtime=downtime)
         return json_response(200, {"ok": True})
 
     async def admin_revoke(self, request: web.Request) -> web.StreamResponse:
@@ -267,5 +367,7 @@ class AdminAPI:
 
     async def admin_clock(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        before = self.state.clock_offset
         self.state.clock_offset = float(body["offset"])
+        self.journal.write("clock", before=before, offset=self.state.clock_offset)
         return json_response(200, {"ok": True})

@@ -77,6 +77,8 @@ class ChatStore:
         self._listed: dict[str, dict[str, float]] = {}
         # identity -> chat id -> consecutive complete listings that lacked it.
         self._absent: dict[str, dict[str, int]] = {}
+        # identity -> chats a stale-stamped observation said were in another status.
+        self._contradicted: dict[str, set[str]] = {}
         self.overflow = 0
         self.stale_ignored = 0
         self.synthesized = 0
@@ -144,8 +146,15 @@ class ChatStore:
         """Chats missing from recent complete listings, not yet confirmed gone."""
         return dict(self._absent.get(identity, {}))
 
+    def take_contradicted(self, identity: str) -> set[str]:
+        """Chats an observation older than their record said were in another status, since
+        the last call: overtaken (a read that raced an event), or stamped after the
+        server's clock stepped back. Only a fresh read can tell; the watcher asks one."""
+        return self._contradicted.pop(identity, set())
+
     def drop_identity(self, identity: str) -> list[ChatRecord]:
         self._absent.pop(identity, None)
+        self._contradicted.pop(identity, None)
         self._listed.pop(identity, None)
         dropped = list(self._by_identity.pop(identity, {}).values())
         self._count -= len(dropped)
@@ -188,6 +197,8 @@ class ChatStore:
         if stamp is not None and held is not None:
             if stamp < held and via != "confirm":  # a confirmation read is authoritative
                 self.stale_ignored += 1
+                if chat.status != old.status:
+                    self._contradicted.setdefault(identity, set()).add(chat.id)
                 return None
             if stamp > held and via == "watch" and kind in TRANSITION_EVENTS:
                 # coderd publishes these only on a transition: the same status with a newer

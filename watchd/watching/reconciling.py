@@ -90,8 +90,9 @@ class Reconciler:
         self._relist_lock = asyncio.Lock()
         self._relist_now = False
         # Chats waiting for a GET, in order: "absent" (a listing lacked them), "dirty"
-        # (their events overflowed the buffer during a listing) or "capacity" (queued or
-        # admitted: the event does not say which).
+        # (their events overflowed the buffer during a listing), "capacity" (queued or
+        # admitted: the event does not say which) or "contradicted" (an older stamp named
+        # another status: store.take_contradicted).
         self.to_confirm: dict[str, str] = {}
         self._absent_wake = asyncio.Event()
         # Which of the clock warnings this identity has said (each once): date, stamps,
@@ -107,6 +108,18 @@ class Reconciler:
         else:
             self._relist_now = True
         log.info("watch.reread", identity=self.name, chats=len(dirty), by_listing=self._relist_now)
+        self._absent_wake.set()
+
+    def read_contradicted(self) -> None:
+        """GET the chats an older-stamped event or row said were in another status. The
+        server's clock may have stepped back between two transitions, so the newer one
+        carries the older stamp: without a read, the transition would wait unseen until
+        updated_at passed the held one. A read that nothing overtook is authoritative."""
+        queue = self.to_confirm
+        for chat_id in sorted(self.store.take_contradicted(self.name)):
+            if len(queue) >= CAPACITY_READS_MAX:
+                break  # the next listing contradicts them again
+            queue.setdefault(chat_id, "contradicted")
         self._absent_wake.set()
 
     def capacity_changed(self, chat_ids: Iterable[str]) -> set[str]:
@@ -217,6 +230,7 @@ class Reconciler:
             self.health.last_list_pages = listing.pages
             self.health.relists += 1
             self._check_clock()
+            self.read_contradicted()
 
     def check_stamps(self, events: list[WatchEvent]) -> None:
         """A transition's event arrives as coderd writes it: its stamp is the server's
@@ -317,6 +331,7 @@ class Reconciler:
             if why != "capacity":
                 self.health.absent_confirms += 1
             change: Change | None
+            before = self.store.get(self.name, chat_id)
             try:
                 chat = await self.client.get_chat(chat_id)
             except CoderError as exc:
@@ -332,8 +347,11 @@ class Reconciler:
                 )
                 continue
             else:
-                # A dirty re-read is no more authoritative than the events since it.
-                via = "confirm" if why == "absent" else "listing"
+                # A dirty re-read is no more authoritative than the events since it; a
+                # contradicted one is when nothing moved the record while it was read.
+                overtaken = self.store.get(self.name, chat_id) is not before
+                authoritative = why == "absent" or (why == "contradicted" and not overtaken)
+                via = "confirm" if authoritative else "listing"
                 change = self.store.observe(self.name, chat, now=clock.now(), via=via)
                 if change is None and not chat.archived:
                     log.debug("absent.still_there", identity=self.name, chat_id=chat_id)

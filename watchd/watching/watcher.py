@@ -367,6 +367,7 @@ class IdentityWatcher:
         changes = self.store.observe_events(self.name, events, now=self.health.server_clock.now())
         if changes:
             self.changes.apply(self.name, changes)
+        self.reconciler.read_contradicted()
         if moved := [e.chat.id for e in events if e.kind == "capacity_change"]:
             self.reconciler.capacity_changed(moved)
 
