@@ -64,7 +64,7 @@ def incident_event(a: Alert, *, routing_key: str, status_url: str = "") -> dict[
         return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": key}
     ann, lab = a.annotations, a.labels
     chats = [c for c in ann.get("chats", "").split(",") if c]
-    links = ann.get("links", "").split(" ")
+    hrefs = ann.get("links", "").split(" ")
     details: dict[str, Any] = {
         "cause": lab.get("cause", ""),
         "count": int(ann["count"]) if ann.get("count", "").isdigit() else len(chats),
@@ -74,31 +74,46 @@ def incident_event(a: Alert, *, routing_key: str, status_url: str = "") -> dict[
         "since": ann.get("since", ""),
         "deployment": lab.get("deployment", ""),
     }
+    payload = {
+        "summary": ann.get("summary", INCIDENT)[:SUMMARY_LIMIT],
+        "source": lab.get("deployment", "watchd") or "watchd",
+        "severity": lab.get("severity", "warning")
+        if lab.get("severity") in SEVERITIES
+        else "warning",
+        "timestamp": rfc3339(a.starts_at),
+        "component": lab.get("cause", "") or "watchd",
+        "group": lab.get("deployment", "") or INCIDENT,
+        "class": INCIDENT,
+        "custom_details": details,
+    }
+    links = [
+        {"href": href, "text": chat[:100]}
+        for chat, href in zip(chats[:LINKS], hrefs, strict=False)
+        if href and href != "-"
+    ]
+    return _trigger(routing_key, key, payload, links, status_url=status_url)
+
+
+def _trigger(
+    routing_key: str,
+    dedup: str,
+    payload: dict[str, Any],
+    links: list[dict[str, str]],
+    *,
+    status_url: str,
+) -> dict[str, Any]:
+    """A trigger event, its ``custom_details.chats`` halved until it fits EVENT_LIMIT."""
     body: dict[str, Any] = {
         "routing_key": routing_key,
         "event_action": "trigger",
-        "dedup_key": key,
+        "dedup_key": dedup,
         "client": "watchd",
-        "payload": {
-            "summary": ann.get("summary", INCIDENT)[:SUMMARY_LIMIT],
-            "source": lab.get("deployment", "watchd") or "watchd",
-            "severity": lab.get("severity", "warning")
-            if lab.get("severity") in SEVERITIES
-            else "warning",
-            "timestamp": rfc3339(a.starts_at),
-            "component": lab.get("cause", "") or "watchd",
-            "group": lab.get("deployment", "") or INCIDENT,
-            "class": INCIDENT,
-            "custom_details": details,
-        },
-        "links": [
-            {"href": link, "text": chat[:100]}
-            for chat, link in zip(chats[:LINKS], links, strict=False)
-            if link and link != "-"
-        ],
+        "payload": payload,
+        "links": links,
     }
     if status_url:
         body["client_url"] = status_url
+    details = payload["custom_details"]
     while len(dumps(body)) > EVENT_LIMIT and details["chats"]:
         details["chats"] = details["chats"][: len(details["chats"]) // 2]
         details["chats_truncated"] = True
@@ -140,34 +155,23 @@ def event(n: Notification, *, routing_key: str, default_severity: str) -> dict[s
             for a in firing
         ],
     }
-    body: dict[str, Any] = {
-        "routing_key": routing_key,
-        "event_action": "trigger",
-        "dedup_key": key,
-        "client": "watchd",
-        "payload": {
-            "summary": summary[:SUMMARY_LIMIT],
-            "source": common.get("deployment", "watchd") or "watchd",
-            "severity": severity,
-            "timestamp": rfc3339(min(a.starts_at for a in firing)),
-            "component": identity or "watchd",
-            "group": identity or name,
-            "class": name,
-            "custom_details": details,
-        },
-        "links": [
-            {"href": href, "text": f"{text}{a.annotations.get('title', 'chat')}"[:100]}
-            for a in firing[:LINKS]
-            for key, text in (("link", ""), ("timeline", "timeline: "))
-            if (href := a.annotations.get(key))
-        ][:LINKS],
+    payload = {
+        "summary": summary[:SUMMARY_LIMIT],
+        "source": common.get("deployment", "watchd") or "watchd",
+        "severity": severity,
+        "timestamp": rfc3339(min(a.starts_at for a in firing)),
+        "component": identity or "watchd",
+        "group": identity or name,
+        "class": name,
+        "custom_details": details,
     }
-    if n.status_url:
-        body["client_url"] = n.status_url
-    while len(dumps(body)) > EVENT_LIMIT and details["chats"]:
-        details["chats"] = details["chats"][: len(details["chats"]) // 2]
-        details["chats_truncated"] = True
-    return body
+    links = [
+        {"href": href, "text": f"{prefix}{a.annotations.get('title', 'chat')}"[:100]}
+        for a in firing[:LINKS]
+        for which, prefix in (("link", ""), ("timeline", "timeline: "))
+        if (href := a.annotations.get(which))
+    ][:LINKS]
+    return _trigger(routing_key, key, payload, links, status_url=n.status_url)
 
 
 class PagerDutyNotifier:
