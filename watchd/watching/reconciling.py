@@ -115,8 +115,11 @@ class Reconciler:
         server's clock may have stepped back between two transitions, so the newer one
         carries the older stamp: without a read, the transition would wait unseen until
         updated_at passed the held one. A read that nothing overtook is authoritative."""
+        contradicted = self.store.take_contradicted(self.name)
+        if not contradicted:
+            return  # the usual case: asked after every burst of events
         queue = self.to_confirm
-        for chat_id in sorted(self.store.take_contradicted(self.name)):
+        for chat_id in sorted(contradicted):
             if len(queue) >= CAPACITY_READS_MAX:
                 break  # the next listing contradicts them again
             queue.setdefault(chat_id, "contradicted")
