@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -244,9 +245,8 @@ def test_state_written_by_an_older_build_loads(tmp_path: Path) -> None:
             3,
         )
         assert rec.mode == "" and rec.warnings == ()
-        import dataclasses
-
-        state.part(ChatRows).mark(dataclasses.replace(rec, mode="orchestrator", warnings=("slow",)))
+        moved = msgspec.structs.replace(rec, mode="orchestrator", warnings=("slow",))
+        state.part(ChatRows).mark(moved)
         state.flush()
         (again,) = state.part(ChatRows).load()
         assert again.mode == "orchestrator" and again.warnings == ("slow",)

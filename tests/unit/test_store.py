@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -371,7 +370,7 @@ async def test_threaded_state_flush_commits_off_the_loop_and_in_order(tmp_path: 
     db.part(ChatRows).mark(first)
     task = asyncio.ensure_future(db.flush_async())
     await asyncio.sleep(0)  # the batch is taken (and the connection held) by the worker
-    db.part(ChatRows).mark(replace(first, status="waiting", version=2))
+    db.part(ChatRows).mark(msgspec.structs.replace(first, status="waiting", version=2))
     db.flush()  # waits for the worker's commit, then commits the newer record
     assert await task == 1
     assert [(r.status, r.version) for r in db.part(ChatRows).load()] == [("waiting", 2)]

@@ -9,7 +9,6 @@ payload does not say; it is the only place a record is made. Pure: no state, no 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal, NewType
 
 import msgspec
@@ -71,10 +70,10 @@ CLOCK_LOWER_BOUND: ClockSource = "lower_bound"
 ChangeKind = Literal["new", "transition", "refresh", "tombstone"]
 
 
-# Not frozen: frozen dataclasses pay object.__setattr__ per field, and one is built per
-# transition; records are replaced, never mutated in place.
-@dataclass(slots=True)
-class ChatRecord:
+# A struct, not a dataclass: one is built per transition, which a struct does in a third
+# of the time, and it is not tracked by the garbage collector (a store holds a hundred
+# thousand). Records are replaced, never mutated in place.
+class ChatRecord(msgspec.Struct, gc=False):
     identity: str
     chat_id: str
     status: str
