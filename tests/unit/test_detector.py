@@ -16,7 +16,7 @@ from msgspec.structs import replace
 from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError
 from watchd.coder.models import WorkspaceBuild
-from watchd.coder.observing import ChatError, ChatId, Observation
+from watchd.coder.observing import ChatId, Observation, WireContext, WireError
 from watchd.config.watching import Budgets, IncidentsConfig
 from watchd.detection.alerts import Draft, iso
 from watchd.detection.confirming import BURST_LOOKUPS, SETTLE_MAX, SETTLE_QUIET
@@ -547,7 +547,7 @@ async def test_chat_failed_hint_follows_the_error_kind() -> None:
     """A ChatFailed alert's hint follows last_error.kind and never advises an interrupt."""
     async with rig(Budgets(), chat_failed=True) as r:
         r.ready()
-        err = ChatError("Usage quota exceeded.", kind="usage_limit", provider="openai")
+        err = WireError("Usage quota exceeded.", kind="usage_limit", provider="openai")
         r.see("c1", "error", r.clock.now(), last_error=err)
         await r.settle()
         (alert,) = r.sink.alerts
@@ -583,8 +583,8 @@ async def test_chat_details_become_annotations() -> None:
             r.clock.now() - 400,
             mode="orchestrator",
             client_type="api",
-            context_error="context window exceeded",
-            warnings=("model deprecated",),
+            context=WireContext("context window exceeded"),
+            warnings=["model deprecated"],
         )
         await r.settle()
         (alert,) = r.sink.alerts
@@ -931,13 +931,13 @@ def _varied(r: Rig, n: int) -> None:
     for i in range(n):
         extra: dict[str, Any] = {}
         if i % 2:
-            extra.update(mode="orchestrator", client_type="api", warnings=("a", "b"))
+            extra.update(mode="orchestrator", client_type="api", warnings=["a", "b"])
         if i % 3 == 0:
-            extra.update(workspace_id=f"ws-{i % 4}", labels=(("team x", "y"), ("k", str(i))))
+            extra.update(workspace_id=f"ws-{i % 4}", labels={"team x": "y", "k": str(i)})
         if i % 4 == 1:
             extra.update(
-                last_error=ChatError("boom", kind="overloaded", provider="p", status_code=529),
-                context_error="too long",
+                last_error=WireError("boom", kind="overloaded", provider="p", status_code=529),
+                context=WireContext("too long"),
                 parent_chat_id="p1",
             )
         if i % 5 == 2:
@@ -1141,7 +1141,7 @@ async def test_chat_labels_copied_into_alerts_are_bounded() -> None:
     chat labels, each value at most 4 KiB (cut values marked), and says what was cut."""
     from watchd.store.records import LABEL_VALUE_MAX, MAX_LABELS
 
-    labels = tuple(sorted((f"k{i:02d}", "v" * (200_000 if i == 3 else 5)) for i in range(20)))
+    labels = {f"k{i:02d}": "v" * (200_000 if i == 3 else 5) for i in range(20)}
     async with rig(Budgets(running=60)) as r:
         r.ready()
         r.see("c1", "running", r.clock.now() - 120, labels=labels)

@@ -13,7 +13,8 @@ from watchd.coder.models import (
     parse_quota,
     parse_watch_frame,
 )
-from watchd.coder.observing import flatten, from_json
+from watchd.coder.observing import Observation, flatten, from_json
+from watchd.store.records import ChatRecord, build
 
 CHAT = {
     "id": "0b7c0000-0000-4000-8000-000000000001",
@@ -26,11 +27,15 @@ CHAT = {
 }
 
 
+def _record(chat: Observation) -> ChatRecord:
+    return build("a", chat, since=0.0, clock="transition", now=0.0, version=1)
+
+
 def test_unknown_fields_are_ignored_and_nanoseconds_parse() -> None:
     """Go's nanosecond timestamps and unknown fields parse without error."""
     chat = from_json(CHAT)
     assert chat.status == "running"
-    assert chat.labels == (("ticket", "OPS-12"),)
+    assert _record(chat).labels == (("ticket", "OPS-12"),)
     assert chat.updated_at == pytest.approx(1789892095.123456)
 
 
@@ -41,18 +46,20 @@ def test_unknown_status_is_kept_as_a_string() -> None:
 
 def test_last_error_as_object_or_string() -> None:
     """last_error is accepted as the newest object and as the early text column."""
-    obj = from_json(
-        {
-            **CHAT,
-            "status": "error",
-            "last_error": {
-                "message": "rate limited",
-                "kind": "rate_limit",
-                "provider": "anthropic",
-                "retryable": True,
-                "status_code": 429,
-            },
-        }
+    obj = _record(
+        from_json(
+            {
+                **CHAT,
+                "status": "error",
+                "last_error": {
+                    "message": "rate limited",
+                    "kind": "rate_limit",
+                    "provider": "anthropic",
+                    "retryable": True,
+                    "status_code": 429,
+                },
+            }
+        )
     )
     assert obj.last_error is not None
     assert (obj.last_error.kind, obj.last_error.status_code, obj.last_error.retryable) == (
@@ -60,10 +67,10 @@ def test_last_error_as_object_or_string() -> None:
         429,
         True,
     )
-    text = from_json({**CHAT, "status": "error", "last_error": "provider exploded"})
+    text = _record(from_json({**CHAT, "status": "error", "last_error": "provider exploded"}))
     assert text.last_error is not None and text.last_error.message == "provider exploded"
     assert text.last_error.kind == "generic"
-    assert from_json({**CHAT, "last_error": None}).last_error is None
+    assert _record(from_json({**CHAT, "last_error": None})).last_error is None
 
 
 def test_zone_less_timestamp_reads_as_utc() -> None:

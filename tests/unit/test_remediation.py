@@ -89,11 +89,11 @@ def test_policy_matching_first_match_wins() -> None:
     store = ChatStore()
     now = 1_800_000_000.0
     for cid, status, age, labels in [
-        ("run-old", "running", 3 * 3600, ()),
-        ("run-new", "running", 600, ()),
-        ("idle-eph", "waiting", 8 * 86400, (("ephemeral", "true"),)),
-        ("idle-keep", "waiting", 8 * 86400, ()),
-        ("stranded", "requires_action", 10 * 86400, ()),
+        ("run-old", "running", 3 * 3600, {}),
+        ("run-new", "running", 600, {}),
+        ("idle-eph", "waiting", 8 * 86400, {"ephemeral": "true"}),
+        ("idle-keep", "waiting", 8 * 86400, {}),
+        ("stranded", "requires_action", 10 * 86400, {}),
     ]:
         store.observe(
             "a",

@@ -124,7 +124,7 @@ def test_minimal_payload_keeps_known_details() -> None:
     s = ChatStore()
     s.observe(
         "a",
-        chat("c1", "running", 100.0, title="Fix it", labels=(("t", "1"),)),
+        chat("c1", "running", 100.0, title="Fix it", labels={"t": "1"}),
         now=100.0,
         via="listing",
     )

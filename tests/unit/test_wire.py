@@ -1,5 +1,6 @@
-"""The Observation's two constructors (fast msgspec structs, tolerant JSON) agree on every
-payload, and the frame and listing decoders built on them agree with the tolerant reader."""
+"""The Observation's two constructors (msgspec's decode finished by from_wire, tolerant
+JSON) agree on every payload, so do the records built from them, and the frame and
+listing decoders built on them agree with the tolerant reader."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 
 from watchd.coder.errors import PayloadError
 from watchd.coder.models import MalformedFrame, ServerFrameError, parse_watch_frame
-from watchd.coder.observing import WatchEvent, WireChat, from_json, from_wire
+from watchd.coder.observing import Observation, WatchEvent, from_json, from_wire
 from watchd.coder.pages import decode_listing, read_page
 from watchd.coder.wire import WireEvent, read_event
+from watchd.store.records import ChatRecord, build, title_of
 
 CHAT: dict[str, Any] = {
     "id": "0b7c0000-0000-4000-8000-000000000001",
@@ -187,15 +189,20 @@ def test_fast_frame_decoding_agrees_with_the_tolerant_reader(frame: str | bytes)
         assert _outcome(read_event, frame.encode()) == slow
 
 
-# Chats as full structs (a watch frame's chat): from_wire's input, decoded as a frame would be.
-_ROWS = msgspec.json.Decoder(list[WireChat])
+# Chats as a watch frame's chat is decoded: from_wire's input.
+_ROWS = msgspec.json.Decoder(list[Observation])
 _EVENT = msgspec.json.Decoder(WireEvent)
+
+
+def _record(chat: Observation) -> ChatRecord:
+    return build("a", chat, since=0.0, clock="transition", now=0.0, version=1)
 
 
 @pytest.mark.parametrize("chat", CHATS, ids=[str(i) for i in range(len(CHATS))])
 def test_both_constructors_give_the_same_observation(chat: dict[str, Any]) -> None:
-    """from_wire builds the Observation from_json builds from the same payload, or hands
-    it back (None) for from_json to accept, coerce or reject."""
+    """msgspec's decode finished by from_wire is the Observation from_json builds from the
+    same payload (and so is the record built from it), or is handed back (False) for
+    from_json to accept, coerce or reject."""
     try:
         slow: Any = from_json(chat)
     except PayloadError:
@@ -204,9 +211,10 @@ def test_both_constructors_give_the_same_observation(chat: dict[str, Any]) -> No
         rows = _ROWS.decode(orjson.dumps([chat]))
     except (msgspec.DecodeError, RecursionError):
         return
-    fast = from_wire(rows[0])
-    if fast is not None:
+    fast = rows[0]
+    if from_wire(fast):
         assert fast == slow
+        assert _record(fast) == _record(slow)
 
 
 def test_the_well_typed_payloads_take_the_fast_path() -> None:
@@ -214,7 +222,7 @@ def test_the_well_typed_payloads_take_the_fast_path() -> None:
     so the fast path is the one that runs; tool calls come through it too."""
     for chat in (CHATS[0], CHATS[1], CHATS[2], CHATS[-6], CHATS[-5]):
         wire = _EVENT.decode(json.dumps({"kind": "status_change", "chat": chat})).chat
-        assert wire is not None and from_wire(wire) is not None
+        assert wire is not None and from_wire(wire)
     event = read_event(FRAMES[len(CHATS) + 1])
     assert isinstance(event, WatchEvent)
     assert [(c.tool_call_id, c.tool_name) for c in event.tool_calls] == [("t1", "ask"), ("", "")]
@@ -242,8 +250,8 @@ def test_listed_rows_compare_what_from_json_reads(chat: dict[str, Any]) -> None:
     if rows is None:
         return
     row = rows[0]
-    assert (row.id, row.status, row.archived is True) == (slow.id, slow.status, slow.archived)
-    assert (row.title or "")[:200] == slow.title
+    assert (row.id, row.status, row.archived) == (slow.id, slow.status, slow.archived)
+    assert title_of(row.title) == title_of(slow.title)
     assert row.queued_for_capacity == slow.queued_for_capacity
     assert bool(row.children) == bool(slow.children)
 

@@ -1,8 +1,9 @@
 """The fast decoder for watch frames: JSON straight into msgspec structs (untracked by
 the garbage collector), no dict per frame.
 
-A watch frame becomes a :class:`~watchd.coder.observing.WatchEvent` whose chat is
-built by :func:`~watchd.coder.observing.from_wire` (listing pages are read by
+A watch frame becomes a :class:`~watchd.coder.observing.WatchEvent` whose chat msgspec
+decodes straight into an :class:`~watchd.coder.observing.Observation`, finished by
+:func:`~watchd.coder.observing.from_wire` (listing pages are read by
 :mod:`watchd.coder.pages`).
 
 It never rejects anything itself: a payload that does not fit the well-typed shape
@@ -21,10 +22,9 @@ levels).
 from __future__ import annotations
 
 import msgspec
-from msgspec.structs import replace
 
 from watchd.coder.models import parse_watch_frame
-from watchd.coder.observing import ToolCall, WatchEvent, WireChat, from_wire
+from watchd.coder.observing import Observation, ToolCall, WatchEvent, from_wire
 
 
 class WireToolCall(msgspec.Struct, gc=False):
@@ -34,7 +34,7 @@ class WireToolCall(msgspec.Struct, gc=False):
 
 class WireEvent(msgspec.Struct, gc=False):
     kind: str | None = None
-    chat: WireChat | None = None
+    chat: Observation | None = None
     tool_calls: list[WireToolCall] | None = None
 
 
@@ -50,11 +50,11 @@ def read_event(data: str | bytes) -> WatchEvent | None:
     except (msgspec.DecodeError, RecursionError):
         return parse_watch_frame(data)
     kind = w.kind
-    wchat = w.chat
-    if not kind or wchat is None or (chat := from_wire(wchat)) is None:
+    chat = w.chat
+    if not kind or chat is None or not from_wire(chat):
         return parse_watch_frame(data)
     calls = w.tool_calls
-    if not calls:
-        return WatchEvent(kind, chat)
-    pending = tuple(ToolCall(c.tool_call_id or "", c.tool_name or "") for c in calls)
-    return WatchEvent(kind, replace(chat, tool_calls=pending))
+    if calls:
+        # The chat was decoded for this event alone: nothing else holds it yet.
+        chat.tool_calls = tuple(ToolCall(c.tool_call_id or "", c.tool_name or "") for c in calls)
+    return WatchEvent(kind, chat)

@@ -32,6 +32,7 @@ from watchd.coder.client import CoderClient
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.coder.observing import Observation, flatten
 from watchd.store.chats import ChatStore
+from watchd.store.records import title_of
 
 # What coderd archives (its state machine allows W, E0, E1; `completed` is an older
 # era's idle status). Anything else in the family refuses the archive.
@@ -68,7 +69,7 @@ class Look:
     archived: bool = False
 
 
-def kind_of(kind: str, parent: str | None) -> str:
+def kind_of(kind: str | None, parent: str | None) -> str:
     """root | chat | subagent; a server that does not say (before the experiment) makes
     every chat with a parent a subagent."""
     return kind or ("subagent" if parent else "chat")
@@ -137,12 +138,12 @@ async def look(client: CoderClient, store: ChatStore, identity: str, chat: Obser
     if top.archived:
         return Look(target, None, archived=True)
     if top.status not in ARCHIVABLE:
-        return Look(target, Member(top.id, top.title, top.status))
+        return Look(target, Member(top.id, title_of(top.title), top.status))
     # The target's own GET embeds its subagents with their statuses now.
     fresh = {c.id: c for c in flatten([top]) if c.id != top.id}
     for c in fresh.values():
         if c.status not in ARCHIVABLE and not c.archived:
-            return Look(target, Member(c.id, c.title, c.status))
+            return Look(target, Member(c.id, title_of(c.title), c.status))
     reads = 0
     for chat_id, title, status in Kin(store, identity).descendants(target):
         if status in ARCHIVABLE or chat_id in fresh:
@@ -157,5 +158,5 @@ async def look(client: CoderClient, store: ChatStore, identity: str, chat: Obser
                 continue  # gone: not in the family any more
             return Look(target, Member(chat_id, title, status))  # as last seen
         if now.status not in ARCHIVABLE and not now.archived:
-            return Look(target, Member(now.id, now.title or title, now.status))
+            return Look(target, Member(now.id, title_of(now.title) or title, now.status))
     return Look(target, None)

@@ -41,6 +41,8 @@ from watchd.store.records import (
     bounded_calls,
     build,
     clock_start,
+    details,
+    title_of,
 )
 
 # A stamp older than this is checked against the chat's created_at (see ChatStore._sane).
@@ -178,9 +180,7 @@ class ChatStore:
             recs = self._by_identity[identity] = {}
         old = recs.get(chat.id)
         ts = chat.updated_at
-        if ts is not None and (
-            ts > now + FUTURE_TOLERANCE or ts < now - _OLD_STAMP or chat.created_at is not None
-        ):
+        if ts is not None and (ts > now + FUTURE_TOLERANCE or ts < now - _OLD_STAMP):
             chat = self._sane(identity, chat, now=now)
         if self._absent:
             absent = self._absent.get(identity)
@@ -211,10 +211,13 @@ class ChatStore:
                 old,
                 status=chat.status,
                 updated_at=stamp,
-                title=chat.title,
+                title=title_of(chat.title),
                 queued=chat.queued_for_capacity,
             )
-            and (via != "confirm" or _details(chat) == _details(old))
+            and (
+                via != "confirm"
+                or details(chat) == (old.mode, old.client_type, old.context_error, old.warnings)
+            )
             and (
                 # The action_required event can come after a listing showed the same stamp:
                 # it still says what is pending.
@@ -294,9 +297,8 @@ class ChatStore:
         """``chat`` with an ``updated_at`` that can serve as a clock: one past server-now
         (beyond the tolerance) is clamped to now; one before the chat's ``created_at`` is
         dropped (the observation time stands in). Both are counted by identity. Asked by
-        :meth:`observe` only for a stamp past the tolerance, more than a day old (then
-        ``created_at`` is read), or beside a parsed ``created_at``: the usual stamp costs
-        no call."""
+        :meth:`observe` only for a stamp past the tolerance or more than a day old (then
+        ``created_at`` is read): the usual stamp costs no call."""
         ts = chat.updated_at
         assert ts is not None
         if ts > now + FUTURE_TOLERANCE:
@@ -384,7 +386,3 @@ def says_nothing_new(
         and (not title or title == rec.title)
         and (queued is None or queued is rec.queued_for_capacity)
     )
-
-
-def _details(c: Observation | ChatRecord) -> tuple[str, str, str, tuple[str, ...]]:
-    return (c.mode, c.client_type, c.context_error, c.warnings)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from watchd.coder.observing import TITLE_MAX, flatten, from_json, timestamp
+from watchd.coder.observing import flatten, from_json, timestamp
 from watchd.coder.pages import ListingPage
 from watchd.store.chats import ChatStore, says_nothing_new
-from watchd.store.records import Change
+from watchd.store.records import Change, title_of
 
 
 def observe_page(
@@ -41,12 +41,11 @@ def observe_page(
             rec = get(identity, row.id)  # type: ignore[arg-type]  # ids are checked strings
             if rec is not None and not row.archived and not row.children:
                 stamp = _stamp(row.updated_at)
-                title = row.title
                 if says_nothing_new(
                     rec,
                     status=row.status or "",
                     updated_at=stamp,
-                    title=title[:TITLE_MAX] if title else "",
+                    title=title_of(row.title),
                     queued=row.queued_for_capacity,
                 ) and (stamp is not None or row.updated_at is None):
                     unchanged.append(rec.chat_id)

@@ -2,9 +2,11 @@
 
 A record is the compact form of a chat that the store keeps: its status, the clock
 (``since``, and how we know it), and what alerts show. :func:`build` makes one from
-an :class:`~watchd.coder.observing.Observation`, keeping what an older era's minimal
-payload does not say; it is the only place a record is made. Pure: no state, no I/O
-(the rules that decide *when* a record changes are :class:`watchd.store.chats.ChatStore`'s).
+an :class:`~watchd.coder.observing.Observation` (a payload in the wire's own types),
+keeping what an older era's minimal payload does not say; it is the only place a record
+is made, and the only place a payload is normalised (titles cut, labels sorted and
+bounded, enumerations interned, errors classified). Pure: no state, no I/O (the rules
+that decide *when* a record changes are :class:`watchd.store.chats.ChatStore`'s).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Literal, NewType
 
 import msgspec
 
-from watchd.coder.observing import ChatError, Observation, ToolCall
+from watchd.coder.observing import ChatError, Observation, ToolCall, WireError
 
 Identity = NewType("Identity", str)
 ChatKey = tuple[str, str]  # (identity, chat id)
@@ -34,11 +36,66 @@ MAX_LABELS = 16
 LABEL_VALUE_MAX = 4096
 
 
-def bounded_labels(labels: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    """``labels`` (sorted by name) as a record keeps them (see MAX_LABELS)."""
+TITLE_MAX = 200
+
+
+def title_of(title: str | None) -> str:
+    """A payload's title as a record keeps it (the store compares titles so, too)."""
+    return title[:TITLE_MAX] if title else ""
+
+
+# The enumerations coderd sends, interned so a hundred thousand records share them; an
+# unknown value is kept (truncated) rather than dropped.
+class _Kinds(dict[str, str]):
+    def __missing__(self, key: object) -> str:
+        return str(key)[:40]
+
+
+_ENUMS = ("computer_use", "explore", "orchestrator", "ui", "api", "root", "chat", "subagent")
+KINDS = _Kinds({k: k for k in _ENUMS})
+
+Details = tuple[str, str, str, tuple[str, ...]]
+_NO_DETAILS: Details = ("", "", "", ())
+
+
+def details(chat: Observation) -> Details:
+    """What a payload says of mode, client type, context error and warnings, as a record
+    keeps them."""
+    mode, client_type, context, warnings = chat.mode, chat.client_type, chat.context, chat.warnings
+    if not (mode or client_type or context or warnings):
+        return _NO_DETAILS
+    error = context.error if context is not None else None
+    return (
+        KINDS[mode] if mode else "",
+        KINDS[client_type] if client_type else "",
+        error[:300] if error else "",
+        tuple(w[:200] for w in warnings[:5]) if warnings else (),
+    )
+
+
+def chat_error(err: WireError | str | None) -> ChatError | None:
+    """A payload's ``last_error`` classified (null and "" are none; unknown kinds read as
+    generic)."""
+    if err is None or err == "":
+        return None
+    if type(err) is str:
+        return ChatError(message=err[:500])
+    assert isinstance(err, WireError)
+    return ChatError(
+        message=(err.message or "")[:500],
+        detail=(err.detail or "")[:500],
+        kind=err.kind or "generic",
+        provider=err.provider or "",
+        retryable=err.retryable is True,
+        status_code=err.status_code,
+    )
+
+
+def bounded_labels(labels: dict[str, str] | None) -> tuple[tuple[str, str], ...]:
+    """A payload's ``labels`` as a record keeps them: sorted by name (see MAX_LABELS)."""
     if not labels:
-        return labels
-    kept = labels[: MAX_LABELS + 1]
+        return ()
+    kept = tuple(sorted(labels.items()))[: MAX_LABELS + 1]
     if any(len(v) > LABEL_VALUE_MAX or len(k) > LABEL_VALUE_MAX for k, v in kept):
         kept = tuple(
             (k[:LABEL_VALUE_MAX], v if len(v) <= LABEL_VALUE_MAX else v[:LABEL_VALUE_MAX] + "…")
@@ -127,13 +184,21 @@ def build(
     version: int,
     previous: ChatRecord | None = None,
 ) -> ChatRecord:
-    # Older eras' watch payloads are minimal: keep what we knew rather than erase it.
-    # Positional (in field order): this runs once per transition.
+    # Positional (in field order): this runs once per transition. Every field is read
+    # (and normalised) once, above both branches.
+    status = chat.status
+    labels = bounded_labels(chat.labels) if chat.labels else ()
+    mode, client_type, context_error, warnings = details(chat)
+    calls = bounded_calls(chat.tool_calls) if chat.tool_calls else ()
+    kind = chat.kind
+    kind = KINDS[kind] if kind else ""
+    title = chat.title
+    title = title[:TITLE_MAX] if title else ""
+    queued = chat.queued_for_capacity
     if previous is not None:
+        # Older eras' watch payloads are minimal: keep what we knew rather than erase it.
         p = previous
-        status = chat.status
-        queued = chat.queued_for_capacity
-        full = bool(chat.client_type)  # only a full payload says these are now clear
+        full = bool(client_type)  # only a full payload says these are now clear
         return ChatRecord(
             p.identity,
             p.chat_id,
@@ -143,45 +208,44 @@ def build(
             chat.updated_at if chat.updated_at is not None else p.updated_at,
             now,
             chat.owner_username or p.owner,
-            chat.title or p.title,
+            title or p.title,
             chat.workspace_id or p.workspace_id,
             chat.parent_chat_id or p.parent_id,
-            bounded_labels(chat.labels) or p.labels,
-            chat.last_error if status == "error" else None,
+            labels or p.labels,
+            chat_error(chat.last_error) if status == "error" else None,
             queued if queued is not None else p.queued_for_capacity,
             version,
-            chat.mode or p.mode,
-            chat.client_type or p.client_type,
-            chat.context_error if full else p.context_error,
-            chat.warnings if full else p.warnings,
+            mode or p.mode,
+            client_type or p.client_type,
+            context_error if full else p.context_error,
+            warnings if full else p.warnings,
             # Only an action_required event names them; a later sighting in the same
             # status keeps them.
-            bounded_calls(chat.tool_calls)
-            or (p.pending if status == p.status == "requires_action" else ()),
-            chat.kind or p.kind,
+            calls or (p.pending if status == p.status == "requires_action" else ()),
+            kind or p.kind,
         )
     return ChatRecord(
         identity,
         chat.id,
-        chat.status,
+        status,
         since,
         clock,
         chat.updated_at,
         now,
-        chat.owner_username or chat.owner_id,
-        chat.title,
-        chat.workspace_id,
-        chat.parent_chat_id,
-        bounded_labels(chat.labels),
-        chat.last_error,
-        chat.queued_for_capacity,
+        chat.owner_username or chat.owner_id or "",
+        title,
+        chat.workspace_id or None,
+        chat.parent_chat_id or None,
+        labels,
+        chat_error(chat.last_error),
+        queued,
         version,
-        chat.mode,
-        chat.client_type,
-        chat.context_error,
-        chat.warnings,
-        bounded_calls(chat.tool_calls) if chat.status == "requires_action" else (),
-        chat.kind,
+        mode,
+        client_type,
+        context_error,
+        warnings,
+        calls if status == "requires_action" else (),
+        kind,
     )
 
 
