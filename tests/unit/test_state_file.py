@@ -161,3 +161,31 @@ async def test_one_owner_that_cannot_write_never_holds_back_another(tmp_path: Pa
     finally:
         broken.rows.clear()
         db.close()
+
+
+def test_a_chats_details_are_kept_as_an_object_and_older_lists_still_read() -> None:
+    """A record's fields without a column round-trip through ``details`` (only those not
+    at their defaults are written), and rows of the older list layouts (four, five and
+    six entries) read back as the same records."""
+    from watchd.coder.observing import ToolCall
+    from watchd.store.rows import chat_record, chat_row
+
+    full = ChatRecord(
+        "a", "c1", "requires_action", 1.0, "transition", 1.0, 2.0, version=3,
+        mode="explore", client_type="ui", context_error="e", warnings=("w",),
+        pending=(ToolCall("t1", "ask"),), kind="root",
+    )  # fmt: skip
+    row = chat_row(full)
+    assert row[-1] == (
+        '{"mode":"explore","client_type":"ui","context_error":"e","warnings":["w"],'
+        '"pending":[{"tool_call_id":"t1","tool_name":"ask"}],"kind":"root"}'
+    )
+    assert chat_record(row) == full
+    plain = ChatRecord("a", "c2", "running", 1.0, "transition", 1.0, 2.0, version=1)
+    assert chat_row(plain)[-1] is None and chat_record(chat_row(plain)) == plain
+    base = row[:-1]
+    assert chat_record((*base, '["explore","ui","e",["w"],[["t1","ask"]],"root"]')) == full
+    five = chat_record((*base, '["explore","ui","e",["w"],[["t1","ask"]]]'))
+    assert five.pending == full.pending and five.kind == ""
+    four = chat_record((*base, '["explore","ui","e",["w"]]'))
+    assert (four.mode, four.warnings, four.pending) == ("explore", ("w",), ())

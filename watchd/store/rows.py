@@ -13,9 +13,10 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
 import orjson
 
-from watchd.coder.observing import ChatError, ToolCall
+from watchd.coder.observing import ChatError
 from watchd.store.records import ChatRecord
 from watchd.store.sqlite import Part, StateFile, dumps
 
@@ -99,6 +100,40 @@ class ChatRows(Part):
 
 # -- chats ------------------------------------------------------------------------
 
+# A record's fields that have a column of their own. Every other field travels in
+# ``details``: a JSON object of those not at their defaults, so a field added to
+# ChatRecord is kept across restarts with no change here.
+_COLUMNS = frozenset(
+    {
+        "identity",
+        "chat_id",
+        "status",
+        "since",
+        "clock",
+        "updated_at",
+        "seen_at",
+        "owner",
+        "title",
+        "workspace_id",
+        "parent_id",
+        "labels",
+        "last_error",
+        "queued_for_capacity",
+        "version",
+    }
+)
+_DETAILS = tuple(
+    (f.name, f.type, f.default)
+    for f in msgspec.structs.fields(ChatRecord)
+    if f.name not in _COLUMNS
+)
+_DETAIL_NAMES = tuple((name, default) for name, _, default in _DETAILS)
+# What ``details`` is read into (unknown keys, from a later version, are ignored).
+_Details = msgspec.defstruct("_Details", list(_DETAILS), gc=False)
+# Rows written before details were an object hold a list in this order (four before
+# pending tool calls were kept, five before the chat's kind); its tool calls are pairs.
+_LEGACY = ("mode", "client_type", "context_error", "warnings", "pending", "kind")
+
 
 def chat_row(r: ChatRecord) -> tuple[Any, ...]:
     err = None
@@ -114,6 +149,7 @@ def chat_row(r: ChatRecord) -> tuple[Any, ...]:
                 "status_code": e.status_code,
             }
         )
+    details = {n: v for n, default in _DETAIL_NAMES if (v := getattr(r, n)) != default}
     return (
         r.identity,
         r.chat_id,
@@ -130,19 +166,23 @@ def chat_row(r: ChatRecord) -> tuple[Any, ...]:
         err,
         None if r.queued_for_capacity is None else int(r.queued_for_capacity),
         r.version,
-        dumps(
-            [
-                r.mode,
-                r.client_type,
-                r.context_error,
-                r.warnings,
-                [[c.tool_call_id, c.tool_name] for c in r.pending],
-                r.kind,
-            ]
-        )
-        if r.mode or r.client_type or r.context_error or r.warnings or r.pending or r.kind
-        else None,
+        dumps(details) if details else None,
     )
+
+
+def _details(text: str | None) -> dict[str, Any]:
+    """A row's ``details`` as the record's fields (an object, or the older list)."""
+    if not text:
+        return {}
+    loaded = orjson.loads(text)
+    if type(loaded) is not list:
+        extra: Any = loaded
+    else:
+        extra = dict(zip(_LEGACY, loaded, strict=False))
+        if "pending" in extra:
+            extra["pending"] = [{"tool_call_id": i, "tool_name": n} for i, n in extra["pending"]]
+    d = msgspec.convert(extra, _Details)
+    return {name: getattr(d, name) for name, _ in _DETAIL_NAMES}
 
 
 def chat_record(row: Iterable[Any]) -> ChatRecord:
@@ -164,14 +204,6 @@ def chat_record(row: Iterable[Any]) -> ChatRecord:
         version,
         details,
     ) = row
-    last_error = ChatError(**orjson.loads(err)) if err else None
-    # Rows written before pending tool calls were kept have four details, and before the
-    # chat's kind was kept five.
-    mode, client_type, context_error, warnings, *rest = (
-        orjson.loads(details) if details else ("", "", "", ())
-    )
-    pending = tuple(ToolCall(str(i), str(n)) for i, n in rest[0]) if rest else ()
-    kind = str(rest[1]) if len(rest) > 1 else ""
     return ChatRecord(
         identity=identity,
         chat_id=chat_id,
@@ -185,13 +217,8 @@ def chat_record(row: Iterable[Any]) -> ChatRecord:
         workspace_id=ws,
         parent_id=parent,
         labels=tuple((str(k), str(v)) for k, v in orjson.loads(labels or "[]")),
-        last_error=last_error,
+        last_error=ChatError(**orjson.loads(err)) if err else None,
         queued_for_capacity=None if queued is None else bool(queued),
         version=version,
-        mode=mode,
-        client_type=client_type,
-        context_error=context_error,
-        warnings=tuple(warnings),
-        pending=pending,
-        kind=kind,
+        **_details(details),
     )
