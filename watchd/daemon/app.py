@@ -159,11 +159,13 @@ class Daemon:
             external_url=config.server.external_url,
             wall=self.clock,
             incidents=config.incidents,
-            on_left=lambda *left: self.metrics.left_status(*left),  # noqa: PLW0108 (made next)
             timelines=Timelines(max_chats=self.store.capacity, identity_of=self.store.identity_of),
         )
         self.state_watch = StateWatch(db=self.db, detector=self.detector, state_dir=str(state_dir))
         self.metrics = Metrics(self)
+        # The time-in-status histogram, called per transition: bound directly, once the
+        # registry (which reads the detector) exists.
+        self.detector.on_left = self.metrics.left_status
         self.identities = Identities(
             supervisor=self.supervisor,
             store=self.store,

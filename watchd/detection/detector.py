@@ -216,34 +216,37 @@ class Detector:
         by_chat = self.ledger.by_chat
         invalid = self.ledger.invalid
         unknown = self._unknown_statuses
+        on_left = self.on_left
         latest: dict[str, ChatRecord] = {}
         moved = False
         for change in changes:
             rec = change.record
             kind = change.kind
+            prev = change.previous
             if kind == "transition":
                 moved = True
-            if kind == "tombstone":
+                # The SLO histogram's observation: leaving a non-terminal status (a round
+                # trip too), timed on the server's clock from its entry stamp to the next
+                # status's.
+                if (
+                    on_left is not None
+                    and prev is not None
+                    and prev.status not in IDLE_STATUSES
+                    and rec.since >= prev.since
+                ):
+                    on_left(identity, prev.status, rec.since - prev.since)
+                if rec.clock == CLOCK_SYNTHESIZED:
+                    _synthesized(identity, prev, rec)
+                # A transition keeps its status only as a re-entry (watchd.store.chats):
+                # the round trip ended the episode as surely as leaving the status does.
+                if invalid:
+                    invalid.pop(rec.key, None)
+            elif kind == "tombstone":
                 pending = latest.pop(rec.chat_id, None)
                 if pending is not None and w is not None:
                     self._arm_all(w, (pending,))
                 self._gone(identity, change)
                 continue
-            prev = change.previous
-            if kind == "transition" and prev is not None and self.on_left is not None:
-                self._left(identity, prev, rec)
-            if kind == "transition" and rec.clock == CLOCK_SYNTHESIZED:
-                log.info(
-                    "transition.synthesized",
-                    identity=identity,
-                    chat_id=rec.chat_id,
-                    to=rec.status,
-                    **{"from": prev.status if prev else None},
-                )
-            # A transition keeps its status only as a re-entry (watchd.store.chats): the
-            # round trip ended the episode as surely as leaving the status does.
-            if kind == "transition" and invalid:
-                invalid.pop(rec.key, None)
             if prev is not None and by_chat and (identity, rec.chat_id) in by_chat:
                 self._firing_moved(prev, rec, kind)
             status = rec.status
@@ -274,16 +277,6 @@ class Detector:
             if nxt is not None and nxt < self._next_wake:
                 # Only a deadline earlier than the loop's planned wake-up needs a wake-up.
                 self._wake.set()
-
-    def _left(self, identity: str, prev: ChatRecord, rec: ChatRecord) -> None:
-        """The SLO histogram's observation: leaving a non-terminal status (a round trip
-        too), timed on the server's clock from its entry stamp to the next status's."""
-        if (
-            self.on_left is not None
-            and prev.status not in IDLE_STATUSES
-            and rec.since >= prev.since
-        ):
-            self.on_left(identity, prev.status, rec.since - prev.since)
 
     def _firing_moved(self, prev: ChatRecord, rec: ChatRecord, kind: str) -> None:
         """A chat whose alerts fire changed: a transition resolves them, progress resolves
@@ -459,3 +452,14 @@ class Detector:
         """A mutation found this chat's execution state invalid: see
         :meth:`Ledger.note_invalid`."""
         self.ledger.note_invalid(identity, chat_id, message)
+
+
+def _synthesized(identity: str, prev: ChatRecord | None, rec: ChatRecord) -> None:
+    """Said of a transition a listing or a read inferred (the stream never sent it)."""
+    log.info(
+        "transition.synthesized",
+        identity=identity,
+        chat_id=rec.chat_id,
+        to=rec.status,
+        **{"from": prev.status if prev else None},
+    )

@@ -272,7 +272,7 @@ class ChatStore:
             version=old.version + 1,
             previous=old,
         )
-        self._by_identity[identity][chat.id] = rec
+        self._by_identity[identity][old.chat_id] = rec
         return Change("transition", rec, old, via=via)
 
     def _remove(self, identity: str, old: ChatRecord, *, reason: str, via: str) -> Change:

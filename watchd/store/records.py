@@ -62,8 +62,6 @@ def details(chat: Observation) -> Details:
     """What a payload says of mode, client type, context error and warnings, as a record
     keeps them."""
     mode, client_type, context, warnings = chat.mode, chat.client_type, chat.context, chat.warnings
-    if not (mode or client_type or context or warnings):
-        return _NO_DETAILS
     error = context.error if context is not None else None
     return (
         KINDS[mode] if mode else "",
@@ -188,7 +186,11 @@ def build(
     # (and normalised) once, above both branches.
     status = chat.status
     labels = bounded_labels(chat.labels) if chat.labels else ()
-    mode, client_type, context_error, warnings = details(chat)
+    # An older era's payload (and every benchmark frame) has none of them: no call.
+    if chat.mode or chat.client_type or chat.context or chat.warnings:
+        mode, client_type, context_error, warnings = details(chat)
+    else:
+        mode, client_type, context_error, warnings = _NO_DETAILS
     calls = bounded_calls(chat.tool_calls) if chat.tool_calls else ()
     kind = chat.kind
     kind = KINDS[kind] if kind else ""
