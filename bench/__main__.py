@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import admission, cases, statuspage, tail, timelines, tls
+from bench import admission, cases, statuspage, tail, timelines, tls, watchpath
 
 
 def median_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -46,7 +46,7 @@ def main() -> None:
         "--only",
         default="",
         help="comma list: footprint,throughput,scale,identities,tls,reconcile,latency,spans,"
-        "ingest,status,tail,admission,incidents,timelines",
+        "ingest,status,tail,admission,incidents,timelines,watchpath",
     )
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
@@ -55,6 +55,7 @@ def main() -> None:
         ("footprint", cases.footprint),
         ("throughput", lambda: cases.throughput(1, 20_000 if q else 200_000)),
         ("throughput", lambda: cases.throughput(50, 400 if q else 4_000)),
+        ("watchpath", lambda: watchpath.watch_path(10_000 if q else 50_000)),
         ("scale", lambda: cases.scale(50, 200 if q else 2_000, 10 if q else 60)),
         ("identities", lambda: cases.identities(50 if q else 500, 10 if q else 60)),
         ("tls", lambda: tls.tls_idle(50, 200 if q else 2_000, 60)),
