@@ -16,14 +16,19 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
 
-from watchd.alerting.model import Alert, AlertSink, fingerprint
+from watchd.alerting.model import Alert, AlertSink
 from watchd.coder.models import IDLE_STATUSES, KNOWN_STATUSES
 from watchd.config.model import Config
 from watchd.config.watching import Budgets, IncidentsConfig
 from watchd.detection.alerts import Renderer
 from watchd.detection.budgets import ERROR, RUNNING, budget
 from watchd.detection.confirming import Confirming
-from watchd.detection.identity_alerts import identity_degraded, identity_unhealthy
+from watchd.detection.identity_alerts import (
+    degraded_fingerprint,
+    identity_degraded,
+    identity_unhealthy,
+    unhealthy_fingerprint,
+)
 from watchd.detection.incidents import Incidents
 from watchd.detection.ledger import ClockKey, Ledger
 from watchd.detection.timers import TimerHeap
@@ -409,7 +414,7 @@ class Detector:
             h = w.health
             if h.state == "polling" or name in self._degraded:
                 self._degraded_tick(w)
-            fp = fingerprint(h.deployment, name, "IdentityUnhealthy")
+            fp = unhealthy_fingerprint(h)
             # Its confirmations crash again and again: no verdict can come from it, so it is
             # as unhealthy as an identity that cannot list.
             confirming = TASKS.tasks.get(f"confirm:{name}")
@@ -428,17 +433,17 @@ class Detector:
                 h.last_error = f"confirmation task keeps crashing: {confirming.last_error}"
             down_for = h.unhealthy_for(loop_now)
             alert = identity_unhealthy(
-                h, fp=fp, labels=w.labels, down_for=down_for, starts_at=self.wall.now()
+                h, labels=w.labels, down_for=down_for, starts_at=self.wall.now()
             )
             self.ledger.fire(alert, identity=name, chat_id=None)
 
     def _degraded_tick(self, w: Watched) -> None:
         """IdentityDegraded while the identity is watched by polling (its stream refused)."""
         h = w.health
-        fp = fingerprint(h.deployment, h.name, "IdentityDegraded")
+        fp = degraded_fingerprint(h)
         if h.state == "polling":
             if fp not in self.ledger.firing:
-                alert = identity_degraded(h, fp=fp, labels=w.labels, starts_at=self.wall.now())
+                alert = identity_degraded(h, labels=w.labels, starts_at=self.wall.now())
                 self.ledger.fire(alert, identity=h.name, chat_id=None)
                 self._degraded.add(h.name)
             return
