@@ -323,7 +323,7 @@ async def test_failed_confirmation_fires_nothing() -> None:
         await r.settle()
         assert r.sink.alerts == []
         assert r.det.counters["confirm_failed"] == 1
-        assert ("a", "c1", "status") in r.det.timers._live
+        assert ("a", "c1", "status") in r.det.timers
 
 
 async def test_gone_chat_is_tombstoned_on_confirmation() -> None:
@@ -486,6 +486,20 @@ async def test_replicas_with_different_clock_estimates_agree_on_fingerprint_and_
             seen.append((a.fingerprint, dict(a.labels), a.starts_at))
     assert seen[0] == seen[1]
     assert seen[0][2] == 1_800_000_000.0 + SKEW + 0.5 + 60  # the stamp plus the budget
+
+
+async def test_chats_due_at_one_server_instant_fire_together_though_the_estimate_moved() -> None:
+    """Two chats that cross their budget at one server instant come due at the same wake-up
+    though the clock estimate moved between their arming: clocks keep the server's time."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        stamp = r.clock.now() - 30  # both entered running 30 s ago, on the server's clock
+        r.see("c1", "running", stamp)
+        r.clock.offset = SKEW + 0.4  # the estimate narrows: the server is 0.4 s further on
+        r.see("c2", "running", stamp)
+        r.advance(29.6)  # the server's clock now reads stamp + 60, by the new estimate
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")] * 2
 
 
 async def test_restart_keeps_clock_and_does_not_refire(tmp_path: Path) -> None:
@@ -872,7 +886,7 @@ async def _after_burst(db: StateFile, *, one_at_a_time: bool) -> tuple[object, .
                 changes.append(change)
         for batch in [[c] for c in changes] if one_at_a_time else [changes]:
             r.det.apply("a", batch)
-        armed = dict(r.det.timers._live)
+        armed = {k: v for h in r.det.timers._heaps.values() for k, v in h._live.items()}
         told = r.sink.names()
         db.flush()
         stored = sorted(db.part(ChatRows).load(), key=lambda rec: rec.chat_id)

@@ -31,7 +31,7 @@ from watchd.detection.budgets import Clock, Overdue, past_budget
 from watchd.detection.diagnosis import Facts, to_read
 from watchd.detection.drafting import Drafted, Drafting, LatePages
 from watchd.detection.ledger import ClockKey, Ledger
-from watchd.detection.timers import TimerHeap
+from watchd.detection.timers import ServerTimers
 from watchd.detection.watched import Arming, Watched
 from watchd.kits import logs
 from watchd.kits.clock import WallClock
@@ -70,7 +70,7 @@ class Confirming:
         self,
         *,
         store: ChatStore,
-        timers: TimerHeap,
+        timers: ServerTimers,
         ledger: Ledger,
         renderer: Renderer,
         arming: Arming,
@@ -157,7 +157,7 @@ class Confirming:
                 async with asyncio.timeout(min(SETTLE_QUIET, left)):
                     await w.wake.wait()
                 continue  # another came due: quiet from now
-            nxt = self.timers.next_deadline()
+            nxt = self.timers.next_deadline(w.health.name)
             if nxt is None or nxt - self.wall.now() >= SETTLE_LOOKAHEAD:
                 return
 
@@ -259,7 +259,7 @@ class Confirming:
         the identity's health)."""
         self.counters["confirm_failed"] += 1
         log.warning("confirm.failed", identity=w.health.name, error=str(exc), chats=len(keys))
-        retry = self.wall.now() + RETRY_CONFIRM_AFTER
+        retry = self.wall.now() + w.health.server_clock.offset + RETRY_CONFIRM_AFTER  # server time
         error = str(exc)[:300]
         for key in keys:
             w.failures[key] = (w.failures.get(key, (0, ""))[0] + 1, error)

@@ -31,7 +31,7 @@ from watchd.detection.identity_alerts import (
 )
 from watchd.detection.incidents import Incidents
 from watchd.detection.ledger import ClockKey, Ledger
-from watchd.detection.timers import TimerHeap
+from watchd.detection.timers import ServerTimers
 from watchd.detection.watched import Confirmer, Watched
 from watchd.kits import logs
 from watchd.kits.clock import SystemClock, WallClock, loop_time
@@ -87,7 +87,10 @@ class Detector:
         # The chats' part of the state file: the last record of each chat, flushed later.
         self.chat_rows = db.part(ChatRows) if db is not None else None
         self.chat_failed = chat_failed
-        self.timers = TimerHeap()
+        # The chats' clocks, each identity's in its server's time (detection/timers.py).
+        self.timers = ServerTimers(
+            lambda name: w.health.server_clock.offset if (w := self.watched.get(name)) else 0.0
+        )
         self.watched: dict[str, Watched] = {}
         # Identities whose IdentityDegraded is firing (checked each tick only for them).
         self._degraded: set[str] = set()
@@ -168,6 +171,7 @@ class Detector:
         identity is only being restarted (``resolve=False``)."""
         w = self.watched.pop(name, None)
         self._degraded.discard(name)
+        self.timers.drop(name)
         if w and w.task:
             w.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -275,7 +279,7 @@ class Detector:
                 db.file.hurry()  # a new clock is written within milliseconds
         if w is not None:
             self._arm_all(w, latest.values())
-            nxt = self.timers.next_deadline()
+            nxt = self.timers.next_deadline(identity)
             if nxt is not None and nxt < self._next_wake:
                 # Only a deadline earlier than the loop's planned wake-up needs a wake-up.
                 self._wake.set()
@@ -321,14 +325,13 @@ class Detector:
         if w is None:
             return
         self._arm_all(w, (rec,))
-        nxt = self.timers.next_deadline()
+        nxt = self.timers.next_deadline(rec.identity)
         if nxt is not None and nxt < self._next_wake:
             # Only a deadline earlier than the loop's planned wake-up needs a wake-up.
             self._wake.set()
 
     def _arm_all(self, w: Watched, recs: Iterable[ChatRecord]) -> None:
         """Arm (or cancel) each record's status and stalled clocks, in order."""
-        offset = w.health.server_clock.offset
         limits = w.limits
         stalled = w.budgets.stalled
         firing = self.ledger.firing_clocks
@@ -346,16 +349,16 @@ class Detector:
             if key in firing:
                 cancel(key)
             elif limit is not None:
-                arm(key, rec.since + limit - offset, rec.version)
+                arm(key, rec.since + limit, rec.version)
             elif chat_failed and status == ERROR:
-                arm(key, rec.since - offset, rec.version)
+                arm(key, rec.since, rec.version)
             else:
                 cancel(key)
             skey = (rec.identity, rec.chat_id, "stalled")
             if skey in firing:
                 cancel(skey)
             elif stalled is not None and status == RUNNING and rec.updated_at:
-                arm(skey, rec.updated_at + stalled - offset, int(rec.updated_at * 1000))
+                arm(skey, rec.updated_at + stalled, int(rec.updated_at * 1000))
             else:
                 cancel(skey)
 
