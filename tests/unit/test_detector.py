@@ -19,9 +19,10 @@ from watchd.coder.models import WorkspaceBuild
 from watchd.coder.observing import ChatError, ChatId, Observation
 from watchd.config.watching import Budgets, IncidentsConfig
 from watchd.detection.alerts import Draft, iso
-from watchd.detection.confirming import BURST_LOOKUPS, SETTLE_MAX, SETTLE_QUIET
+from watchd.detection.confirming import SETTLE_MAX, SETTLE_QUIET
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
+from watchd.detection.verdicts import BURST_LOOKUPS
 from watchd.kits.clock import ServerClock
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth

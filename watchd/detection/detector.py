@@ -139,7 +139,7 @@ class Detector:
     def retune(self, config: Config) -> None:
         """A reload's new detection settings, for every identity from now on."""
         detection, incidents = config.detection, config.incidents
-        self.chat_failed = self.confirming.chat_failed = detection.chat_failed
+        self.chat_failed = self.confirming.verdicts.chat_failed = detection.chat_failed
         self.confirming.confirm_rate = detection.confirm_rate
         self.confirming.listing_threshold = detection.confirm_listing_threshold
         self.renderer.link_template = config.chat_link_template
