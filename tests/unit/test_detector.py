@@ -621,7 +621,7 @@ async def test_an_invalid_execution_state_is_said_on_the_stuck_alert() -> None:
         await r.settle()
         (first,) = r.sink.alerts
         assert "execution_state" not in first.annotations
-        r.det.note_invalid("a", "c1", "Chat is in an invalid state.")
+        r.det.ledger.note_invalid("a", "c1", "Chat is in an invalid state.")
         second = r.sink.alerts[-1]
         assert second.fingerprint == first.fingerprint and second.firing
         assert second.annotations["execution_state"] == "invalid: Chat is in an invalid state."
@@ -686,7 +686,7 @@ async def test_handing_an_identity_over_forgets_its_alerts_without_resolving() -
         await r.settle()
         assert r.sink.names() == [("ChatStuck", "firing")]
         fp = r.sink.alerts[0].fingerprint
-        assert r.det.hand_over("a") == [fp]
+        assert r.det.ledger.hand_over("a") == [fp]
         assert r.det.firing == {} and r.sink.names() == [("ChatStuck", "firing")]
         await r.det.unregister("a", reason="moved", resolve=True)
         assert r.sink.names() == [("ChatStuck", "firing")]
@@ -971,7 +971,7 @@ async def _burst_fired(*, moves: bool = False) -> tuple[list[Fired], int]:
         r.ready()
         r.health.set_state("seeding")
         _varied(r, 24)
-        r.det.note_invalid("a", "c05", "Chat is in an invalid state.")
+        r.det.ledger.note_invalid("a", "c05", "Chat is in an invalid state.")
         w = r.det.watched["a"]
 
         def between(page: int) -> None:
@@ -1137,17 +1137,17 @@ async def test_a_chat_that_cannot_be_reread_at_all_fires_unconfirmed() -> None:
 async def test_persistently_failing_rereads_make_the_identity_unhealthy() -> None:
     """An identity whose confirmation re-reads keep failing is unhealthy even while its
     stream is ready: IdentityUnhealthy fires, and resolves once a re-read succeeds."""
-    from watchd.detection.detector import CONFIRM_FAILURES_UNHEALTHY
+    from watchd.detection.identity_watch import CONFIRM_FAILURES_UNHEALTHY
 
     async with rig(Budgets(running=60)) as r:
         r.ready()
         r.health.confirm_failures = CONFIRM_FAILURES_UNHEALTHY
         r.health.last_error = "confirmation failed: HTTP 200: not JSON"
-        r.det._health_tick()
+        r.det.identity_watch.tick()
         assert r.sink.names() == [("IdentityUnhealthy", "firing")]
         assert "confirmation failed" in r.sink.alerts[0].annotations["last_error"]
         r.health.confirm_failures = 0
-        r.det._health_tick()
+        r.det.identity_watch.tick()
         assert r.sink.names()[-1] == ("IdentityUnhealthy", "resolved")
 
 

@@ -217,7 +217,7 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
             health={"a": health},
             clients=lambda _n: None,
             db=db,
-            ledger=det,
+            ledger=det.ledger,
             audit_path=tmp_path / "audit.jsonl",
             labels=lambda _n: {},
         )
