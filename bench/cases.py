@@ -191,6 +191,7 @@ def footprint() -> list[Row]:
             rsss.append(d.rss)
             d.stop()
         least = _floor_daemon(sim, python, env)
+        validated = _floor_daemon(sim, python, env, configured=True)
     finally:
         sim.stop()
     floor = _imports_only(
@@ -208,6 +209,13 @@ def footprint() -> list[Row]:
             least[0],
             "bench/floor_daemon.py: the same stack, one listing, one socket, /readyz",
             "≤ 0.3 s",
+        ),
+        row(
+            "  the same, against the floor daemon validating its configuration with pydantic",
+            statistics.median(starts),
+            "s",
+            validated[0],
+            "bench/floor_daemon.py --config: a three-field pydantic model, then the same",
         ),
         row(
             "  the same, against importing watchd run's dependencies only",
@@ -232,6 +240,13 @@ def footprint() -> list[Row]:
             "≤ 40 MB",
         ),
         row(
+            "  the same, against the floor daemon validating its configuration with pydantic",
+            statistics.median(rsss),
+            "MB",
+            validated[1],
+            "bench/floor_daemon.py --config, idle on its socket",
+        ),
+        row(
             "  the same, against importing watchd run's dependencies only",
             statistics.median(rsss),
             "MB",
@@ -248,18 +263,28 @@ def footprint() -> list[Row]:
     ]
 
 
-def _floor_daemon(sim: Sim, python: str, env: dict[str, str]) -> tuple[float, float]:
+def _floor_daemon(
+    sim: Sim, python: str, env: dict[str, str], *, configured: bool = False
+) -> tuple[float, float]:
     """(start → /readyz 200 in s, idle RSS in MB) of ``bench/floor_daemon.py`` against the
-    same simulator and identity, started and sampled as the daemon is, median of 3."""
+    same simulator and identity, started and sampled as the daemon is, median of 3;
+    ``configured``: its settings read from a file and validated by a pydantic model."""
+    import tempfile
+
     from bench.procs import ROOT, free_port, http, rss_mb
 
     ident = sim.identities[0]
     took, rss = [], []
     for _ in range(4):  # the first start compiles the byte-code cache, as for the daemon
         port = free_port()
+        argv = [sim.url, ident["token"], str(port)]
+        if configured:
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+                json.dump({"url": sim.url, "token": ident["token"], "port": port}, f)
+            argv = ["--config", f.name]
         t0 = time.monotonic()
         proc = subprocess.Popen(
-            [python, "-m", "bench.floor_daemon", sim.url, ident["token"], str(port)],
+            [python, "-m", "bench.floor_daemon", *argv],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -276,6 +301,8 @@ def _floor_daemon(sim: Sim, python: str, env: dict[str, str]) -> tuple[float, fl
         finally:
             proc.terminate()
             proc.wait(10)
+            if configured:
+                os.unlink(argv[1])
     return statistics.median(took[1:]), statistics.median(rss[1:])
 
 

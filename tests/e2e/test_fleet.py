@@ -6,7 +6,6 @@ page in headless Chromium (screenshot kept in test-artifacts/status-incidents.pn
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -14,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from tests.e2e import browser
 from tests.e2e.harness import DaemonProcess, SimProcess, eventually
 from tests.e2e.test_alerting import PD_KEY, secret
-from tests.e2e.test_status_page import ARTIFACTS, chromium_args
 from tests.fakes.receivers import FakePagerDuty, FakeWebhook
 
 StartSim = Callable[..., SimProcess]
@@ -144,28 +143,14 @@ async def test_one_page_per_cause_for_a_fleet_of_253_stuck_chats(
     assert counts["by_state"]["inhibited"] == 250 and counts["by_state"]["active"] == 5
     assert {i["cause"]: i["count"] for i in doc["incidents"]} == {"capacity": 200, "quota": 50}
     # The status page in Chromium: the incidents first, each expandable into its members.
-    args = chromium_args(tmp_path)
     url = f"http://{d.listen}/status?format=html"
-    page = (
-        await asyncio.to_thread(
-            subprocess.run, [*args, "--dump-dom", url], capture_output=True, text=True, timeout=60
-        )
-    ).stdout
+    page = await browser.dom(tmp_path, url)
     assert page.index('id="incidents"') < page.index('id="alerts"')
     assert page.count('<details class="incident"') == 2
     assert "200 chats stuck: deployment concurrency cap reached" in page
     assert f'href="{sim.url}/agents/{quota[0]}"' in page
     assert sim.token("alice") not in page and PD_KEY not in page
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "status-incidents.png"
-    shot.unlink(missing_ok=True)
-    await asyncio.to_thread(
-        subprocess.run,
-        [*args, f"--screenshot={shot}", "--window-size=1440,900", url],
-        capture_output=True,
-        timeout=60,
-    )
-    assert shot.exists() and shot.stat().st_size > 5000
+    await browser.screenshot(tmp_path, url, "status-incidents.png", size="1440,900")
     # The capacity chats finish: their incident resolves, once.
     for chat in capacity:
         await sim.set_status(chat, "waiting")

@@ -6,10 +6,8 @@ import asyncio
 import contextlib
 import copy
 import itertools
-import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.e2e import browser
 from tests.e2e.harness import DaemonProcess, SimProcess, eventually
 
 StartSim = Callable[..., SimProcess]
@@ -239,8 +238,6 @@ async def test_status_page_renders_in_chromium(
     tmp_path: Path, start_sim: StartSim, start_daemon: StartDaemon
 ) -> None:
     """Headless Chromium renders /status with the identities and a firing alert."""
-    chromium = shutil.which("chromium")
-    assert chromium, "run tests/setup/system-deps (make test does)"
     sim = start_sim()
     await sim.admin("POST", "/users/bob/revoke")
     d = start_daemon(
@@ -259,41 +256,11 @@ async def test_status_page_renders_in_chromium(
     await d.wait_up()
     await sim.add_chat("alice", status="running", title="Render <b>me</b> safely")
     await eventually(lambda: d.firing("ChatStuck"), within=10)
-    shot = tmp_path / "status.png"
-    args = [
-        chromium,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chrome'}",
-    ]
-    dom = await asyncio.to_thread(
-        subprocess.run,
-        [*args, "--dump-dom", f"http://{d.listen}/status?format=html"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    html = dom.stdout
+    url = f"http://{d.listen}/status?format=html"
+    html = await browser.dom(tmp_path, url)
     assert "team-a" in html and "team-b" in html and "auth_failed" in html
     assert "ChatStuck" in html and "Render &lt;b&gt;me&lt;/b&gt; safely" in html
     assert "planned maintenance" in html and 'identity="team-z"' in html
     for token in (sim.token("alice"), sim.token("bob")):
         assert token not in html
-    await asyncio.to_thread(
-        subprocess.run,
-        [
-            *args,
-            f"--screenshot={shot}",
-            "--window-size=1280,800",
-            f"http://{d.listen}/status?format=html",
-        ],
-        capture_output=True,
-        timeout=60,
-    )
-    assert shot.exists() and shot.stat().st_size > 5000
+    await browser.screenshot(tmp_path, url, "status-operations.png", size="1280,800")

@@ -5,35 +5,16 @@ in test-artifacts/status-page.png."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.e2e import browser
+from tests.e2e.browser import ARTIFACTS
 from tests.e2e.harness import DaemonProcess, SimProcess, eventually, free_port
 
 StartSim = Callable[..., SimProcess]
 StartDaemon = Callable[..., DaemonProcess]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-
-
-def chromium_args(tmp_path: Path) -> list[str]:
-    chromium = shutil.which("chromium")
-    assert chromium, "run tests/setup/system-deps (make test does)"
-    return [
-        chromium,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chrome'}",
-    ]
 
 
 async def test_status_page_for_on_call_in_chromium(
@@ -81,16 +62,8 @@ async def test_status_page_for_on_call_in_chromium(
         return bool((await d.status())["receivers"]["hook"]["last_failure"])
 
     await eventually(hook_failed, within=20)
-    args = chromium_args(tmp_path)
     url = f"http://{d.listen}/status?format=html"
-    dom = await asyncio.to_thread(
-        subprocess.run,
-        [*args, "--dump-dom", url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    page = dom.stdout
+    page = await browser.dom(tmp_path, url)
     # Firing, with "firing since" and the chat linked to Coder's UI.
     assert re.search(r"<table id=\"alerts\">.*ChatStuck.*</table>", page, re.S)
     assert "firing since" in page and "<time datetime=" in page
@@ -114,16 +87,7 @@ async def test_status_page_for_on_call_in_chromium(
     assert '<select name="alertname">' in page
     assert '<svg class="chart" data-identity="team-a"' in page and "<polyline" in page
     assert sim.token("alice") not in page
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "status-page.png"
-    shot.unlink(missing_ok=True)
-    await asyncio.to_thread(
-        subprocess.run,
-        [*args, f"--screenshot={shot}", "--window-size=1280,1000", url],
-        capture_output=True,
-        timeout=60,
-    )
-    assert shot.exists() and shot.stat().st_size > 5000
+    await browser.screenshot(tmp_path, url, "status-page.png")
 
 
 async def test_filter_by_identity_and_alert_name(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -16,8 +15,8 @@ from typing import Any
 
 import aiohttp
 
+from tests.e2e import browser
 from tests.e2e.harness import DaemonProcess, SimProcess, eventually
-from tests.e2e.test_status_page import ARTIFACTS, chromium_args
 
 StartSim = Callable[..., SimProcess]
 StartDaemon = Callable[..., DaemonProcess]
@@ -149,35 +148,15 @@ async def test_a_chats_timeline_slo_signals_and_agent_metrics(
     assert metric(text, "watchd_agent_segment_duration_seconds_sum") == 1.5
 
     # The page on-call opens from the alert, in headless Chromium.
-    args = chromium_args(tmp_path)
     url = f"http://{d.listen}/status/chats/{chat}?format=html"
-    page = (
-        await asyncio.to_thread(
-            subprocess.run, [*args, "--dump-dom", url], capture_output=True, text=True, timeout=60
-        )
-    ).stdout
+    page = await browser.dom(tmp_path, url)
     assert "No alert is firing for this chat." in page and "the one on call asks about" in page
     assert page.count('<li class="transport">') == len(ours)
     assert page.index("requires_action → running") < page.index("ChatStuck fired")
     assert sim.token("alice") not in page
-    status_page = (
-        await asyncio.to_thread(
-            subprocess.run,
-            [*args, "--dump-dom", f"http://{d.listen}/status?format=html"],
-            capture_output=True, text=True, timeout=60,
-        )
-    ).stdout  # fmt: skip
+    status_page = await browser.dom(tmp_path, f"http://{d.listen}/status?format=html")
     assert f"/status/chats/{other}?format=html" in status_page or other in status_page
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "timeline.png"
-    shot.unlink(missing_ok=True)
-    await asyncio.to_thread(
-        subprocess.run,
-        [*args, f"--screenshot={shot}", "--window-size=412,915", url],
-        capture_output=True,
-        timeout=60,
-    )
-    assert shot.exists() and shot.stat().st_size > 5000
+    await browser.screenshot(tmp_path, url, "timeline.png", size="412,915")
     assert json.dumps(doc).count(sim.token("alice")) == 0
 
 

@@ -283,7 +283,7 @@ async def test_a_confirmed_refusal_fires_without_the_outage_grace() -> None:
     refused.set_state("auth_failed", error="HTTP 401: API key expired.")
     refused.refused = True
     down.set_state("unreachable", error="HTTP 503")
-    det._health_tick()
+    det.identity_watch.tick()
     names = [(a.labels["alertname"], a.labels["identity"]) for a in sink.alerts]  # type: ignore[attr-defined]
     assert names == [("IdentityUnhealthy", "r")]
     for name in ("r", "d"):

@@ -19,9 +19,10 @@ from watchd.coder.models import WorkspaceBuild
 from watchd.coder.observing import ChatId, Observation, WireContext, WireError
 from watchd.config.watching import Budgets, IncidentsConfig
 from watchd.detection.alerts import Draft, iso
-from watchd.detection.confirming import BURST_LOOKUPS, SETTLE_MAX, SETTLE_QUIET
+from watchd.detection.confirming import SETTLE_MAX, SETTLE_QUIET
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
+from watchd.detection.verdicts import BURST_LOOKUPS
 from watchd.kits.clock import ServerClock
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
@@ -323,7 +324,7 @@ async def test_failed_confirmation_fires_nothing() -> None:
         await r.settle()
         assert r.sink.alerts == []
         assert r.det.counters["confirm_failed"] == 1
-        assert ("a", "c1", "status") in r.det.timers._live
+        assert ("a", "c1", "status") in r.det.timers
 
 
 async def test_gone_chat_is_tombstoned_on_confirmation() -> None:
@@ -488,6 +489,20 @@ async def test_replicas_with_different_clock_estimates_agree_on_fingerprint_and_
     assert seen[0][2] == 1_800_000_000.0 + SKEW + 0.5 + 60  # the stamp plus the budget
 
 
+async def test_chats_due_at_one_server_instant_fire_together_though_the_estimate_moved() -> None:
+    """Two chats that cross their budget at one server instant come due at the same wake-up
+    though the clock estimate moved between their arming: clocks keep the server's time."""
+    async with rig(Budgets(running=60)) as r:
+        r.ready()
+        stamp = r.clock.now() - 30  # both entered running 30 s ago, on the server's clock
+        r.see("c1", "running", stamp)
+        r.clock.offset = SKEW + 0.4  # the estimate narrows: the server is 0.4 s further on
+        r.see("c2", "running", stamp)
+        r.advance(29.6)  # the server's clock now reads stamp + 60, by the new estimate
+        await r.settle()
+        assert r.sink.names() == [("ChatStuck", "firing")] * 2
+
+
 async def test_restart_keeps_clock_and_does_not_refire(tmp_path: Path) -> None:
     """Clocks and firing alerts persisted in SQLite survive a restart without a second page."""
     db = StateFile(tmp_path / "state.sqlite3")
@@ -606,7 +621,7 @@ async def test_an_invalid_execution_state_is_said_on_the_stuck_alert() -> None:
         await r.settle()
         (first,) = r.sink.alerts
         assert "execution_state" not in first.annotations
-        r.det.note_invalid("a", "c1", "Chat is in an invalid state.")
+        r.det.ledger.note_invalid("a", "c1", "Chat is in an invalid state.")
         second = r.sink.alerts[-1]
         assert second.fingerprint == first.fingerprint and second.firing
         assert second.annotations["execution_state"] == "invalid: Chat is in an invalid state."
@@ -671,7 +686,7 @@ async def test_handing_an_identity_over_forgets_its_alerts_without_resolving() -
         await r.settle()
         assert r.sink.names() == [("ChatStuck", "firing")]
         fp = r.sink.alerts[0].fingerprint
-        assert r.det.hand_over("a") == [fp]
+        assert r.det.ledger.hand_over("a") == [fp]
         assert r.det.firing == {} and r.sink.names() == [("ChatStuck", "firing")]
         await r.det.unregister("a", reason="moved", resolve=True)
         assert r.sink.names() == [("ChatStuck", "firing")]
@@ -872,7 +887,7 @@ async def _after_burst(db: StateFile, *, one_at_a_time: bool) -> tuple[object, .
                 changes.append(change)
         for batch in [[c] for c in changes] if one_at_a_time else [changes]:
             r.det.apply("a", batch)
-        armed = dict(r.det.timers._live)
+        armed = {k: v for h in r.det.timers._heaps.values() for k, v in h._live.items()}
         told = r.sink.names()
         db.flush()
         stored = sorted(db.part(ChatRows).load(), key=lambda rec: rec.chat_id)
@@ -956,7 +971,7 @@ async def _burst_fired(*, moves: bool = False) -> tuple[list[Fired], int]:
         r.ready()
         r.health.set_state("seeding")
         _varied(r, 24)
-        r.det.note_invalid("a", "c05", "Chat is in an invalid state.")
+        r.det.ledger.note_invalid("a", "c05", "Chat is in an invalid state.")
         w = r.det.watched["a"]
 
         def between(page: int) -> None:
@@ -1122,17 +1137,17 @@ async def test_a_chat_that_cannot_be_reread_at_all_fires_unconfirmed() -> None:
 async def test_persistently_failing_rereads_make_the_identity_unhealthy() -> None:
     """An identity whose confirmation re-reads keep failing is unhealthy even while its
     stream is ready: IdentityUnhealthy fires, and resolves once a re-read succeeds."""
-    from watchd.detection.detector import CONFIRM_FAILURES_UNHEALTHY
+    from watchd.detection.identity_watch import CONFIRM_FAILURES_UNHEALTHY
 
     async with rig(Budgets(running=60)) as r:
         r.ready()
         r.health.confirm_failures = CONFIRM_FAILURES_UNHEALTHY
         r.health.last_error = "confirmation failed: HTTP 200: not JSON"
-        r.det._health_tick()
+        r.det.identity_watch.tick()
         assert r.sink.names() == [("IdentityUnhealthy", "firing")]
         assert "confirmation failed" in r.sink.alerts[0].annotations["last_error"]
         r.health.confirm_failures = 0
-        r.det._health_tick()
+        r.det.identity_watch.tick()
         assert r.sink.names()[-1] == ("IdentityUnhealthy", "resolved")
 
 

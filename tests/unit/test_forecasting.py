@@ -12,7 +12,7 @@ from watchd.alerting.model import Alert
 from watchd.coder.observing import Quota
 from watchd.config.watching import ForecastConfig
 from watchd.detection.ledger import Ledger
-from watchd.detection.timers import TimerHeap
+from watchd.detection.timers import ServerTimers
 from watchd.kits.clock import ServerClock
 from watchd.store.health import IdentityHealth
 from watchd.store.sqlite import StateFile
@@ -49,7 +49,7 @@ class World:
         self.ledger = Ledger(
             sink=self.sink,
             db=self.db,
-            timers=TimerHeap(),
+            timers=ServerTimers(lambda _: 0.0),
             wall=wall,
             counters={"fired": 0, "resolved": 0},
         )

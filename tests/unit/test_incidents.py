@@ -12,7 +12,7 @@ from watchd.config.watching import IncidentsConfig
 from watchd.daemon.admission import fleet_incidents
 from watchd.detection.incidents import Incidents
 from watchd.detection.ledger import Ledger
-from watchd.detection.timers import TimerHeap
+from watchd.detection.timers import ServerTimers
 from watchd.store.sqlite import StateFile
 
 DEPLOYMENT = "https://coder.test"
@@ -60,7 +60,7 @@ def ledger(
     return Ledger(
         sink=sink,
         db=db,
-        timers=TimerHeap(),
+        timers=ServerTimers(lambda _: 0.0),
         wall=wall,
         counters={"fired": 0, "resolved": 0},
         incidents=Incidents(min_chats=min_chats),
@@ -193,7 +193,7 @@ def test_turned_off_nothing_fires_and_a_reload_off_resolves_it() -> None:
     off = Ledger(
         sink=sink,
         db=None,
-        timers=TimerHeap(),
+        timers=ServerTimers(lambda _: 0.0),
         wall=Wall(2000.0),
         counters={"fired": 0, "resolved": 0},
         incidents=Incidents(enabled=False),

@@ -9,7 +9,7 @@ from structlog.testing import capture_logs
 
 from watchd.alerting.model import Alert
 from watchd.detection.ledger import Ledger, StoredAlerts
-from watchd.detection.timers import TimerHeap
+from watchd.detection.timers import ServerTimers
 from watchd.kits.clock import SystemClock
 from watchd.store.sqlite import StateFile
 
@@ -29,7 +29,9 @@ def _alert(i: int) -> Alert:
 
 def _ledger(sink: ListSink, db: StateFile | None = None) -> Ledger:
     counters = {"fired": 0, "resolved": 0}
-    return Ledger(sink=sink, db=db, timers=TimerHeap(), wall=SystemClock(), counters=counters)
+    return Ledger(
+        sink=sink, db=db, timers=ServerTimers(lambda _: 0.0), wall=SystemClock(), counters=counters
+    )
 
 
 def test_fire_all_fires_each_before_the_next_is_made(tmp_path: Path) -> None:

@@ -217,7 +217,7 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
             health={"a": health},
             clients=lambda _n: None,
             db=db,
-            ledger=det,
+            ledger=det.ledger,
             audit_path=tmp_path / "audit.jsonl",
             labels=lambda _n: {},
         )
@@ -233,7 +233,7 @@ async def test_chat_swept_resolves_through_the_ledger_and_survives_a_restart(
     det, sweeper = build(db, store, sink)
     await sweeper.sweep_once()  # dry run: plans, announces
     assert [(a.name, a.status) for a in sink.alerts] == [("ChatSwept", "firing")]
-    assert ("a", "c1", "status") in det.timers._live, "the chat's own clock still runs"
+    assert ("a", "c1", "status") in det.timers, "the chat's own clock still runs"
     await det.unregister("a", reason="restart", resolve=False)
     db.flush()
     db.close()

@@ -4,8 +4,9 @@ chunks that yield to the loop; silenced and inhibited alerts marked; chats linke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,9 @@ N = 20_000
 DEPLOYMENT = "https://coder.example.com"
 
 
-@pytest.fixture
-async def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Daemon]:
-    """A daemon (not running) holding 20 000 firing ChatStuck alerts over two identities."""
+@contextlib.contextmanager
+def _two_identities(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+    """A daemon (not running) over identities team-a and team-b, both with a health."""
     monkeypatch.setenv("WATCHD_TEST_TOKEN", "token-value-0123456789")
     config = parse_config(
         {
@@ -45,6 +46,22 @@ async def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
         d.health[name] = IdentityHealth(
             name=name, deployment=DEPLOYMENT, server_clock=ServerClock(), unhealthy_after=60
         )
+    try:
+        yield d
+    finally:
+        d.db.close()
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Daemon]:
+    """A daemon (not running) holding 20 000 firing ChatStuck alerts over two identities."""
+    with _two_identities(tmp_path, monkeypatch) as d:
+        _fill(d)
+        yield d
+
+
+def _fill(d: Daemon) -> None:
+    """20 000 firing alerts, one in ten a ChatStranded, team-b's ChatStranded silenced."""
     now = 1_800_000_000.0
     for i in range(N):
         ident = "team-a" if i % 2 else "team-b"
@@ -76,8 +93,6 @@ async def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
             ends_at=4e9,
         )
     )
-    yield d
-    d.db.close()
 
 
 async def test_json_is_capped_with_counts_for_everything(daemon: Daemon) -> None:
@@ -202,19 +217,7 @@ async def test_incidents_lead_the_status_json_page_and_metrics(
     """Firing FleetIncidents are in /status JSON (deployment, cause, count, since, the
     first 200 members), shown above the per-chat alerts in the HTML page, each
     expandable into its members, and in watchd_fleet_incidents{deployment,cause}."""
-    monkeypatch.setenv("WATCHD_TEST_TOKEN", "token-value-0123456789")
-    config = parse_config(
-        {
-            "identities": [
-                {"name": n, "url": DEPLOYMENT, "token_env": "WATCHD_TEST_TOKEN"}
-                for n in ("team-a", "team-b")
-            ],
-            "state_dir": str(tmp_path),
-            "telemetry": {"exporter": "none"},
-        }
-    )
-    d = Daemon(config, resolve_secrets(config))
-    try:
+    with _two_identities(tmp_path, monkeypatch) as d:
         members = [
             _member(i, cause="capacity", identity="team-a" if i % 2 else "team-b")
             for i in range(250)
@@ -241,8 +244,6 @@ async def test_incidents_lead_the_status_json_page_and_metrics(
             f'watchd_fleet_incidents{{cause="capacity",deployment="{DEPLOYMENT}"}} 250.0' in metrics
         )
         assert f'watchd_fleet_incidents{{cause="quota",deployment="{DEPLOYMENT}"}} 6.0' in metrics
-    finally:
-        d.db.close()
 
 
 async def test_alerts_are_sorted_most_severe_first_then_oldest(
@@ -250,23 +251,7 @@ async def test_alerts_are_sorted_most_severe_first_then_oldest(
 ) -> None:
     """Critical before warning before info, each oldest first; the page shows each row's
     severity, has a phone viewport, and says which identity keeps it "not ready"."""
-    monkeypatch.setenv("WATCHD_TEST_TOKEN", "token-value-0123456789")
-    config = parse_config(
-        {
-            "identities": [
-                {"name": n, "url": DEPLOYMENT, "token_env": "WATCHD_TEST_TOKEN"}
-                for n in ("team-a", "team-b")
-            ],
-            "state_dir": str(tmp_path),
-            "telemetry": {"exporter": "none"},
-        }
-    )
-    d = Daemon(config, resolve_secrets(config))
-    try:
-        for name in ("team-a", "team-b"):
-            d.health[name] = IdentityHealth(
-                name=name, deployment=DEPLOYMENT, server_clock=ServerClock(), unhealthy_after=60
-            )
+    with _two_identities(tmp_path, monkeypatch) as d:
         d.health["team-a"].set_state("ready")
         d.health["team-b"].set_state("unreachable", error="connection refused")
         for i, (severity, start) in enumerate(
@@ -288,5 +273,3 @@ async def test_alerts_are_sorted_most_severe_first_then_oldest(
         assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page
         assert "<td class='sev'>critical</td>" in page
         assert "not ready: not yet seeded team-b (unreachable: connection refused)" in page
-    finally:
-        d.db.close()

@@ -81,7 +81,8 @@ def test_the_cycle_finder_finds_a_circle() -> None:
 
 def test_run_imports_only_what_a_plain_daemon_uses() -> None:
     """`watchd run` with no exporter and no sweep imports no simulator, demo, scan, sweep,
-    OpenTelemetry SDK or protobuf (the sidecar's footprint); a fresh interpreter proves it."""
+    OpenTelemetry SDK, protobuf, receiver or page renderer (the sidecar's footprint); a
+    fresh interpreter proves it."""
     probe = (
         "import sys, watchd.cli, watchd.commands.run, watchd.daemon.app; "
         "print('\\n'.join(sorted(sys.modules)))"
@@ -91,6 +92,9 @@ def test_run_imports_only_what_a_plain_daemon_uses() -> None:
     ).stdout.split()
     unwanted = ("watchd.sim", "watchd.commands.demo", "watchd.commands.scan", "watchd.remediation")
     unwanted += ("watchd.telemetry.export", "opentelemetry.sdk", "google.protobuf", "grpc")
+    # Receivers load by the kinds configured; the status page's renderer with its page.
+    unwanted += ("watchd.alerting.receivers.slack", "watchd.alerting.receivers.pagerduty")
+    unwanted += ("watchd.alerting.receivers.simple", "watchd.daemon.status_page")
     assert [m for m in loaded if m.startswith(unwanted)] == []
     assert "watchd.daemon.app" in loaded  # the probe did import the daemon
 
@@ -104,18 +108,8 @@ FUNCTIONS_EXEMPT_UNDER = ("sim/",)
 FUNCTIONS_EXEMPT = frozenset({"cli.py::build_parser"})
 # Still over, to be split: this list may only shrink. An entry that fits the rule again
 # fails the test below until it is taken off.
-MODULES_STILL_OVER = frozenset(
-    {
-        "detection/confirming.py",
-        "detection/detector.py",
-    }
-)
-FUNCTIONS_STILL_OVER = frozenset(
-    {
-        "detection/confirming.py::_verdicts",
-        "detection/diagnosis.py::hint",
-    }
-)
+MODULES_STILL_OVER: frozenset[str] = frozenset()
+FUNCTIONS_STILL_OVER: frozenset[str] = frozenset()
 
 
 def _sizes() -> tuple[dict[str, int], dict[str, int]]:

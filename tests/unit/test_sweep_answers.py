@@ -119,7 +119,7 @@ def _sweeper(
         health={"alice": health},
         clients=lambda _n: client,
         db=db,
-        ledger=det,
+        ledger=det.ledger,
         audit_path=tmp / "audit.jsonl",
         labels=lambda _n: {},
     )

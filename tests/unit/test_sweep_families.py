@@ -102,7 +102,7 @@ async def sweeping(
         health={"alice": health},
         clients=lambda _n: client,
         db=db,
-        ledger=det,
+        ledger=det.ledger,
         audit_path=tmp / "audit.jsonl",
         labels=lambda _n: {},
     )

@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from watchd.alerting.model import Alert, fingerprint
+from watchd.alerting.model import Alert
 from watchd.config.fields import format_duration
 from watchd.daemon.view import DaemonView
+from watchd.detection.identity_alerts import unhealthy_fingerprint
 from watchd.detection.incidents import incident_fingerprint
 from watchd.kits.clock import loop_time
 from watchd.store.chats import ChatStore
@@ -73,7 +74,7 @@ def admission(d: DaemonView, name: str, counts: Counts) -> dict[str, Any] | None
         return None
     firing = d.detector.firing
     reasons = []
-    if fingerprint(h.deployment, name, "IdentityUnhealthy") in firing:
+    if unhealthy_fingerprint(h) in firing:
         reasons.append(f"identity_unhealthy: watchd cannot watch it ({h.state})")
     elif not h.seeded_once:
         reasons.append(f"identity_unhealthy: not yet seeded ({h.state})")

@@ -290,7 +290,7 @@ class Identities:
             name, reason="identity removed from config", resolve=forget and not hand_over
         )
         if hand_over:
-            dropped = self.detector.hand_over(name)
+            dropped = self.detector.ledger.hand_over(name)
             if self.dispatcher is not None:
                 self.dispatcher.hand_over(dropped)
             log.info("sharding.handed_over", identity=name, alerts=len(dropped))

@@ -27,7 +27,6 @@ from watchd.daemon.metrics import CONTENT_TYPE
 from watchd.daemon.reloading import Outcome
 from watchd.daemon.silences_api import AdminToken, SilencesApi
 from watchd.daemon.status import StatusQuery, status_document
-from watchd.daemon.status_page import status_html
 from watchd.daemon.timeline import timeline_document, timeline_html
 from watchd.daemon.view import DaemonView, liveness_problems
 from watchd.kits.redaction import REGISTRY
@@ -159,6 +158,9 @@ class Server:
         doc = await status_document(self.daemon, query, self.counts)
         # Last line of defence: nothing a server echoed (a token) leaves through /status.
         if wants_html:
+            # The page's renderer loads with the first page asked for, not with the daemon.
+            from watchd.daemon.status_page import status_html
+
             return web.Response(text=REGISTRY.scrub(status_html(doc)), content_type="text/html")
         # orjson: encoding a full page is ~10x faster than json, and it runs on the loop.
         # The scrub is the last line of defence: nothing a server echoed (a token) leaves.

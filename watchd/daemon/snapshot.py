@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from watchd.alerting.dispatch import Dispatcher
 from watchd.alerting.receivers.base import READ_CAPS
-from watchd.alerting.receivers.simple import AlertmanagerNotifier
 from watchd.daemon.heartbeat import Heartbeat, HeartbeatSnapshot
 from watchd.daemon.ingesting import IngestPort
 from watchd.daemon.reloading import Reloads
@@ -27,6 +26,9 @@ from watchd.store.sqlite import StateFile, StateSnapshot
 from watchd.telemetry.filesource import FileSource
 from watchd.telemetry.pipeline import SpanPipeline
 from watchd.watching.watcher import IdentityWatcher
+
+if TYPE_CHECKING:  # loaded only where one is configured (receivers/build.py)
+    from watchd.alerting.receivers.simple import AlertmanagerNotifier
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +123,11 @@ def take(
 
 def dispatch(d: Dispatcher) -> DispatchSnapshot:
     kinds = {n: x.kind for n, x in d.notifiers.items()}
-    cluster = {n: x for n, x in d.notifiers.items() if isinstance(x, AlertmanagerNotifier)}
+    cluster = {
+        n: cast("AlertmanagerNotifier", x)
+        for n, x in d.notifiers.items()
+        if x.kind == "alertmanager"
+    }
     return DispatchSnapshot(
         receivers={
             name: ReceiverSnapshot(

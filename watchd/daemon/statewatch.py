@@ -64,7 +64,7 @@ class StateWatch:
                 note="the database could not be read; it was kept aside and state starts "
                 "empty: known incidents may be notified again",
             )
-            self.detector.raise_alert(
+            self.detector.ledger.raise_alert(
                 Alert(
                     fingerprint=self._fp_reset,
                     labels=self._labels("StateReset", "warning"),
@@ -80,7 +80,7 @@ class StateWatch:
                 identity="",
             )
         elif self._fp_reset in self.detector.firing:
-            self.detector.clear_alert(self._fp_reset, why="state intact since")
+            self.detector.ledger.clear_alert(self._fp_reset, why="state intact since")
 
     async def run(self) -> None:
         delay = FLUSH_EVERY
@@ -113,10 +113,10 @@ class StateWatch:
             delay = FLUSH_EVERY
             if self._fp_failing in self.detector.firing:
                 log.info("state.persisting_again", write_failures=self.db.write_failures)
-                self.detector.clear_alert(self._fp_failing, why="writes succeed again")
+                self.detector.ledger.clear_alert(self._fp_failing, why="writes succeed again")
             if self._reset_at is not None and time.time() - self._reset_at >= RESET_SHOWN:
                 self._reset_at = None
-                self.detector.clear_alert(self._fp_reset, why="an hour since the reset")
+                self.detector.ledger.clear_alert(self._fp_reset, why="an hour since the reset")
 
     def _failing(self, exc: BaseException | None, *, retry_in: float) -> None:
         error = self.db.last_write_error if exc is None else f"{type(exc).__name__}: {exc}"
@@ -129,7 +129,7 @@ class StateWatch:
         )
         if self._fp_failing in self.detector.firing:
             return
-        self.detector.raise_alert(
+        self.detector.ledger.raise_alert(
             Alert(
                 fingerprint=self._fp_failing,
                 labels=self._labels("StateNotPersisted", "critical"),

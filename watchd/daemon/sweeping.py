@@ -79,10 +79,10 @@ class SweepSlot:
             health=self.health,
             clients=lambda n: watchers[n].client if n in watchers else None,
             db=self.db,
-            ledger=self.detector,
+            ledger=self.detector.ledger,
             audit_path=self.audit_path,
             labels=self.labels,
-            on_invalid=self.detector.note_invalid,
+            on_invalid=self.detector.ledger.note_invalid,
         )
 
     def snapshot(self) -> SweepSnapshot | None:

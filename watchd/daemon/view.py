@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from watchd.alerting.model import fingerprint
 from watchd.alerting.silencing import Inhibitor, Silencer
 from watchd.config.model import Config
 from watchd.daemon.snapshot import Snapshot
 from watchd.daemon.supervisor import Supervisor
 from watchd.detection.detector import Detector
+from watchd.detection.identity_alerts import unhealthy_fingerprint
 from watchd.kits.tasks import TASKS, TaskRegistry
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
@@ -98,7 +98,7 @@ def not_seeing(d: DaemonView, *, persisting: bool) -> str | None:
     for name, h in d.health.items():
         if h.ready:
             continue
-        if fingerprint(h.deployment, name, "IdentityUnhealthy") not in d.detector.firing:
+        if unhealthy_fingerprint(h) not in d.detector.firing:
             return f"identity {name} is {h.state} and not yet alerted"
     if not persisting:
         return "state is not persisting"

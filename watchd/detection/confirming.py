@@ -4,7 +4,7 @@ A due chat is re-read by a rate-limited GET, or, when many are due together, by
 one listing (a burst is let to settle first, so it takes one listing, not one per
 slice; a chat that comes due while it runs is confirmed by it when a later page reads
 it, :class:`LatePages`). Only what the re-read still shows past budget fires, in one synchronous
-pass. Re-reads are *asked* of the identity's watcher through the
+pass (:mod:`watchd.detection.verdicts`). Re-reads are *asked* of the identity's watcher through the
 :class:`~watchd.detection.watched.Confirmer` port; what they find arrives as ordinary
 store changes through the detector's ``apply``, so nothing here writes the store or an
 identity's health. Each loop runs under the task guard (:func:`watchd.kits.tasks.spawn`):
@@ -18,24 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter
-from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
 
 import structlog
 
-from watchd.alerting.model import Alert, fingerprint
 from watchd.coder.errors import CoderError, PayloadError
-from watchd.detection.alerts import Draft, Renderer, unconfirmed_alert, with_agent_evidence
-from watchd.detection.budgets import Clock, Overdue, past_budget
-from watchd.detection.diagnosis import Facts, to_read
+from watchd.detection.alerts import Renderer
+from watchd.detection.budgets import Clock
 from watchd.detection.drafting import Drafted, Drafting, LatePages
 from watchd.detection.ledger import ClockKey, Ledger
-from watchd.detection.timers import TimerHeap
+from watchd.detection.timers import ServerTimers
+from watchd.detection.verdicts import Verdicts, identified
 from watchd.detection.watched import Arming, Watched
 from watchd.kits import logs
 from watchd.kits.clock import WallClock
-from watchd.kits.heap import collector_paused
 from watchd.kits.tasks import spawn
 from watchd.store.chats import ChatStore
 from watchd.store.records import ChatRecord
@@ -56,13 +52,6 @@ UNCONFIRMED_AFTER = 3
 SETTLE_QUIET = 0.05
 SETTLE_LOOKAHEAD = 0.25  # a deadline this close still belongs to the burst
 SETTLE_MAX = 1.0
-# Workspace builds read for one burst's diagnosis (the workspaces most of its chats are
-# bound to); chats bound to one workspace share its read; the rest use what is cached.
-BURST_LOOKUPS = 20
-
-
-# A due chat in the fire pass: record, clock, verdict, clock start, fingerprint, draft.
-_Due = tuple[ChatRecord, Clock, Overdue, float, str, "Draft | None"]
 
 
 class Confirming:
@@ -70,7 +59,7 @@ class Confirming:
         self,
         *,
         store: ChatStore,
-        timers: TimerHeap,
+        timers: ServerTimers,
         ledger: Ledger,
         renderer: Renderer,
         arming: Arming,
@@ -91,23 +80,21 @@ class Confirming:
         self.counters = counters
         self.confirm_rate = confirm_rate
         self.listing_threshold = listing_threshold
-        self.chat_failed = chat_failed
+        self.verdicts = Verdicts(
+            store=store,
+            ledger=ledger,
+            renderer=renderer,
+            arming=arming,
+            wall=wall,
+            counters=counters,
+            chat_failed=chat_failed,
+            timelines=timelines,
+        )
 
     def start(self, w: Watched) -> None:
         # Under the guard: a confirmer that raises restarts (counted, logged with its
         # traceback) instead of silently ending this identity's verdicts for good.
         w.task = spawn(f"confirm:{w.health.name}", lambda: self.loop(w), kind="confirm")
-
-    def _past(self, w: Watched, rec: ChatRecord, clock: Clock) -> Overdue | None:
-        """(alert name, time in clock, budget) when ``rec`` is past its budget now."""
-        now = w.health.server_clock.now()
-        return past_budget(w.budgets, rec, now=now, clock=clock, chat_failed=self.chat_failed)
-
-    @staticmethod
-    def _identified(w: Watched, rec: ChatRecord, clock: Clock, past: Overdue) -> tuple[float, str]:
-        """The clock start an alert of ``rec`` past ``past`` states, and its fingerprint."""
-        since = rec.updated_at if clock == "stalled" and rec.updated_at else rec.since
-        return since, fingerprint(w.health.deployment, rec.chat_id, past.alert, rec.status, since)
 
     async def loop(self, w: Watched) -> None:
         interval = 1.0 / self.confirm_rate
@@ -157,7 +144,7 @@ class Confirming:
                 async with asyncio.timeout(min(SETTLE_QUIET, left)):
                     await w.wake.wait()
                 continue  # another came due: quiet from now
-            nxt = self.timers.next_deadline()
+            nxt = self.timers.next_deadline(w.health.name)
             if nxt is None or nxt - self.wall.now() >= SETTLE_LOOKAHEAD:
                 return
 
@@ -203,7 +190,7 @@ class Confirming:
             rec = self.store.get(identity, chat_id)
             if rec is not None:
                 items.append((rec, "stalled" if clock == "stalled" else "status"))
-        await self._verdicts(w, items, drafts=drafting.drafts)
+        await self.verdicts.fire(w, items, drafts=drafting.drafts)
 
     def _draft(self, w: Watched, key: ClockKey) -> Drafted | None:
         """A due chat's alert drafted from its record as a page re-read it, or None when
@@ -212,10 +199,10 @@ class Confirming:
         if rec is None:
             return None
         clock: Clock = "stalled" if key[2] == "stalled" else "status"
-        past = self._past(w, rec, clock)
+        past = self.verdicts.past(w, rec, clock)
         if past is None:
             return None
-        since, fp = self._identified(w, rec, clock, past)
+        since, fp = identified(w, rec, clock, past)
         if fp in self.ledger.firing:
             return None
         draft = self.renderer.draft(
@@ -238,8 +225,8 @@ class Confirming:
         if key in self.ledger.firing_clocks:
             return  # queued before its alert fired: nothing left to confirm
         rec = self.store.get(identity, chat_id)
-        if rec is None or self._past(w, rec, clock) is None:
-            self._rearm(rec)
+        if rec is None or self.verdicts.past(w, rec, clock) is None:
+            self.verdicts.rearm(rec)
             return
         self.counters["confirm_get"] += 1
         try:
@@ -252,14 +239,14 @@ class Confirming:
         w.failures.pop(key, None)
         rec = self.store.get(identity, chat_id)
         if rec is not None:
-            await self._verdicts(w, [(rec, clock)])
+            await self.verdicts.fire(w, [(rec, clock)])
 
     def _failed(self, w: Watched, keys: list[ClockKey], exc: Exception) -> None:
         """The re-read failed: nothing fires; try again later (the watcher noted why in
         the identity's health)."""
         self.counters["confirm_failed"] += 1
         log.warning("confirm.failed", identity=w.health.name, error=str(exc), chats=len(keys))
-        retry = self.wall.now() + RETRY_CONFIRM_AFTER
+        retry = self.wall.now() + w.health.server_clock.offset + RETRY_CONFIRM_AFTER  # server time
         error = str(exc)[:300]
         for key in keys:
             w.failures[key] = (w.failures.get(key, (0, ""))[0] + 1, error)
@@ -291,171 +278,5 @@ class Confirming:
         if stuck:
             self.counters["unconfirmed"] += len(stuck)
             log.warning("confirm.giving_up", identity=w.health.name, chats=len(stuck))
-            await self._verdicts(w, stuck, unconfirmed=errors)
+            await self.verdicts.fire(w, stuck, unconfirmed=errors)
         return rest
-
-    def _rearm(self, rec: ChatRecord | None) -> None:
-        if rec is not None:
-            self.arming.arm(rec)
-            self.arming.wake()
-
-    def _overdue(
-        self,
-        w: Watched,
-        items: list[tuple[ChatRecord, Clock]],
-        drafts: Mapping[ClockKey, Drafted] | None,
-    ) -> list[_Due]:
-        """The re-read chats still past budget and not firing, each with its draft where
-        the draft still fits; the others are re-armed (counted as unfounded)."""
-        firing = self.ledger.firing
-        due: list[_Due] = []
-        for rec, clock in items:
-            past = self._past(w, rec, clock)
-            if past is None:
-                self.counters["unfounded"] += 1
-                self._rearm(rec)
-                continue
-            d = drafts.get((rec.identity, rec.chat_id, clock)) if drafts else None
-            if (
-                d is not None
-                and d.rec is rec
-                and d.past.alert == past.alert
-                and d.past.budget == past.budget
-            ):
-                since, fp, draft = d.since, d.fp, d.draft
-            else:
-                since, fp = self._identified(w, rec, clock, past)
-                draft = None
-            if fp not in firing:
-                due.append((rec, clock, past, since, fp, draft))
-        return due
-
-    async def _facts(self, w: Watched, due: list[_Due]) -> list[Facts]:
-        """What explains each due chat. A burst reads at most BURST_LOOKUPS workspace
-        builds, those of the workspaces most of its chats are bound to (:func:`to_read`);
-        the chats bound to one workspace share its one read (the reader remembers it), and
-        a workspace whose read failed is not read again in this burst. A chat alone reads
-        its own."""
-        chosen = to_read((d[0] for d in due), limit=BURST_LOOKUPS) if len(due) > 1 else None
-        read: set[str] = set()
-        facts: list[Facts] = []
-        for rec, *_ in due:
-            ws = rec.workspace_id
-            lookup = chosen is None or (ws is not None and ws in chosen and ws not in read)
-            if lookup and ws:
-                read.add(ws)
-            try:
-                got = await w.confirmer.facts(rec, lookup=lookup)
-            except (CoderError, PayloadError) as exc:
-                log.info(
-                    "diagnosis.partial", identity=rec.identity, chat_id=rec.chat_id, error=str(exc)
-                )
-                facts.append(Facts(record=rec))
-                continue
-            facts.append(
-                Facts(record=rec, build=got.build, quota=got.quota, build_checked=got.build_checked)
-            )
-        return facts
-
-    @staticmethod
-    def _ask_capacity(w: Watched, due: list[_Due]) -> AbstractSet[str]:
-        """A listing never carries ``queued_for_capacity`` (only a GET does): the running
-        chats it confirmed are asked a GET each, paced by the watcher, so the likeliest
-        cause of a burst (the deployment's concurrency cap) is learned; what the watcher
-        accepted to read has its cause pending until then (:meth:`Ledger.recause`)."""
-        ask = [
-            rec.chat_id
-            for rec, *_ in due
-            if rec.status == "running" and rec.queued_for_capacity is None
-        ]
-        return w.confirmer.learn_capacity(ask) if ask else frozenset()
-
-    async def _verdicts(
-        self,
-        w: Watched,
-        items: list[tuple[ChatRecord, Clock]],
-        *,
-        drafts: Mapping[ClockKey, Drafted] | None = None,
-        unconfirmed: Mapping[ClockKey, str] | None = None,
-    ) -> None:
-        """Fire what the confirmation shows past budget (``unconfirmed``: what could not
-        be re-read, by the error that kept it from being, said in the alert).
-
-        Facts are gathered first (a burst reads at most BURST_LOOKUPS workspace builds),
-        then every alert is fired in one synchronous pass, so a burst reaches its
-        aggregation groups together instead of trickling in over the lookups. ``drafts``
-        (:class:`Drafting`) spare that pass the work already done for a chat whose record
-        has not moved since its page re-read it.
-        """
-        due = self._overdue(w, items, drafts)
-        if not due:
-            return
-        burst = len(due)
-        facts = await self._facts(w, due)
-        # No await from here to the fire pass: a read cannot land before its alert fires.
-        pending = self._ask_capacity(w, due)
-        firing = self.ledger.firing
-        fired: list[Alert] = []
-        invalid = self.ledger.invalid
-        draft_of = self.renderer.draft
-        finish = self.renderer.finish
-        template = self.renderer.link_template
-        deployment = w.health.deployment
-
-        def rendered() -> Iterator[tuple[Alert, str, str | None]]:
-            # Lazily: each alert is fired before the next is rendered, so a fingerprint
-            # fired earlier in the pass is seen as firing.
-            for (rec, clock, past, since, fp, drafted), got in zip(due, facts, strict=True):
-                # The record may have moved while we gathered facts.
-                current = self.store.get(rec.identity, rec.chat_id)
-                if current is None or current.status != rec.status or current.since != rec.since:
-                    continue
-                if fp in firing:
-                    continue
-                draft = drafted
-                if draft is None or draft.template is not template:
-                    # Not drafted during the listing (or under another link template):
-                    # drafted now, so ``finish`` is Renderer.chat_alert either way.
-                    draft = draft_of(
-                        rec,
-                        deployment=deployment,
-                        labels=w.labels,
-                        name=past.alert,
-                        limit=past.budget,
-                        since=since,
-                    )
-                alert = finish(
-                    draft,
-                    age=past.age,
-                    facts=got,
-                    fp=fp,
-                    clock=clock,
-                    measured_at=self.wall.now(),
-                    invalid=invalid.get(rec.key) if invalid else None,
-                    burst=burst,
-                    cause_pending=rec.chat_id in pending,
-                )
-                if self.timelines is not None and (
-                    said := self.timelines.agent_said(rec.chat_id, now=rec.since + past.age)
-                ):
-                    alert = with_agent_evidence(alert, said)
-                if unconfirmed:
-                    error = unconfirmed.get((rec.identity, rec.chat_id, clock))
-                    if error is not None:
-                        alert = unconfirmed_alert(alert, error)
-                fired.append(alert)
-                yield alert, rec.identity, rec.chat_id
-
-        # A burst allocates tens of thousands of acyclic objects in one synchronous pass.
-        with collector_paused(burst > 1):
-            self.ledger.fire_all(rendered(), quiet=burst > 1)
-        if burst > 1 and fired:
-            names = Counter(a.name for a in fired)
-            log.warning(
-                "alerts.firing",
-                identity=w.health.name,
-                count=len(fired),
-                alertnames=dict(names),
-                chat_ids=[a.labels.get("chat_id") for a in fired[:10]],
-                note="went past their budgets together; one line per alert at debug level",
-            )

@@ -5,7 +5,8 @@ it arms one timer per chat clock on a heap (never scans all chats), and when a c
 runs past its budget on the *server's* clock it hands the chat to the identity's
 confirm loop (:mod:`watchd.detection.confirming`) before anything fires. While an
 identity is not ready (unseeded, disconnected) its due chats wait; an identity unready
-past its grace raises IdentityUnhealthy. Firing and resolving are the ledger's
+past its grace raises IdentityUnhealthy (:mod:`watchd.detection.identity_watch`, ticked
+by this loop). Firing and resolving are the ledger's
 (:mod:`watchd.detection.ledger`), the words of an alert the renderer's
 (:mod:`watchd.detection.alerts`).
 """
@@ -16,21 +17,20 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
 
-from watchd.alerting.model import Alert, AlertSink, fingerprint
+from watchd.alerting.model import AlertSink
 from watchd.coder.models import IDLE_STATUSES, KNOWN_STATUSES
 from watchd.config.model import Config
 from watchd.config.watching import Budgets, IncidentsConfig
 from watchd.detection.alerts import Renderer
 from watchd.detection.budgets import ERROR, RUNNING, budget
 from watchd.detection.confirming import Confirming
-from watchd.detection.identity_alerts import identity_degraded, identity_unhealthy
+from watchd.detection.identity_watch import IdentityWatch
 from watchd.detection.incidents import Incidents
 from watchd.detection.ledger import ClockKey, Ledger
-from watchd.detection.timers import TimerHeap
+from watchd.detection.timers import ServerTimers
 from watchd.detection.watched import Confirmer, Watched
 from watchd.kits import logs
-from watchd.kits.clock import SystemClock, WallClock, loop_time
-from watchd.kits.tasks import CRASH_LOOP, TASKS
+from watchd.kits.clock import SystemClock, WallClock
 from watchd.store.chats import ChatStore
 from watchd.store.health import IdentityHealth
 from watchd.store.records import CLOCK_SYNTHESIZED, Change, ChatRecord
@@ -45,10 +45,6 @@ log = logs.get("watchd.detection")
 # Why a tombstoned chat's alert resolved, in the words of its resolve notification.
 # Others read "chat <reason>": "chat gone (404)", "chat gone (missing from two complete
 # listings)" (see ChatStore.tombstone's callers).
-# Confirmation re-reads failed in a row past which the identity is unhealthy (about two
-# and a half minutes of a chat's retries at RETRY_CONFIRM_AFTER, or five chats' worth).
-CONFIRM_FAILURES_UNHEALTHY = 5
-
 _GONE = {
     "archived": "chat archived",
     "deleted": "chat gone (deleted)",
@@ -82,10 +78,11 @@ class Detector:
         # The chats' part of the state file: the last record of each chat, flushed later.
         self.chat_rows = db.part(ChatRows) if db is not None else None
         self.chat_failed = chat_failed
-        self.timers = TimerHeap()
+        # The chats' clocks, each identity's in its server's time (detection/timers.py).
+        self.timers = ServerTimers(
+            lambda name: w.health.server_clock.offset if (w := self.watched.get(name)) else 0.0
+        )
         self.watched: dict[str, Watched] = {}
-        # Identities whose IdentityDegraded is firing (checked each tick only for them).
-        self._degraded: set[str] = set()
         self.counters = {
             "fired": 0,
             "resolved": 0,
@@ -105,6 +102,10 @@ class Detector:
             counters=self.counters,
             incidents=Incidents(enabled=inc.enabled, min_chats=inc.min_chats),
             timelines=timelines,
+        )
+        # IdentityUnhealthy and IdentityDegraded, ticked by the loop.
+        self.identity_watch = IdentityWatch(
+            ledger=self.ledger, wall=self.wall, watched=self.watched
         )
         self.renderer = Renderer(link_template=link_template, external_url=external_url)
         self.confirming = Confirming(
@@ -131,7 +132,7 @@ class Detector:
     def retune(self, config: Config) -> None:
         """A reload's new detection settings, for every identity from now on."""
         detection, incidents = config.detection, config.incidents
-        self.chat_failed = self.confirming.chat_failed = detection.chat_failed
+        self.chat_failed = self.confirming.verdicts.chat_failed = detection.chat_failed
         self.confirming.confirm_rate = detection.confirm_rate
         self.confirming.listing_threshold = detection.confirm_listing_threshold
         self.renderer.link_template = config.chat_link_template
@@ -162,7 +163,8 @@ class Detector:
         """Stop watching an identity: its timers lapse; its alerts resolve unless the
         identity is only being restarted (``resolve=False``)."""
         w = self.watched.pop(name, None)
-        self._degraded.discard(name)
+        self.identity_watch.degraded.discard(name)
+        self.timers.drop(name)
         if w and w.task:
             w.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -172,11 +174,6 @@ class Detector:
         now = self.wall.now()
         for fp, _alert in self.ledger.of_identity(name):
             self.ledger.resolve(fp, at=now, why=reason)
-
-    def hand_over(self, name: str) -> list[str]:
-        """Forget an identity's firing alerts without resolving them (resharding): see
-        :meth:`Ledger.hand_over`."""
-        return self.ledger.hand_over(name)
 
     def readiness_changed(self, name: str) -> None:
         """Called by the watcher after a seed completes or the stream is lost."""
@@ -273,7 +270,7 @@ class Detector:
                 db.file.hurry()  # a new clock is written within milliseconds
         if w is not None:
             self._arm_all(w, latest.values())
-            nxt = self.timers.next_deadline()
+            nxt = self.timers.next_deadline(identity)
             if nxt is not None and nxt < self._next_wake:
                 # Only a deadline earlier than the loop's planned wake-up needs a wake-up.
                 self._wake.set()
@@ -309,14 +306,13 @@ class Detector:
         if w is None:
             return
         self._arm_all(w, (rec,))
-        nxt = self.timers.next_deadline()
+        nxt = self.timers.next_deadline(rec.identity)
         if nxt is not None and nxt < self._next_wake:
             # Only a deadline earlier than the loop's planned wake-up needs a wake-up.
             self._wake.set()
 
     def _arm_all(self, w: Watched, recs: Iterable[ChatRecord]) -> None:
         """Arm (or cancel) each record's status and stalled clocks, in order."""
-        offset = w.health.server_clock.offset
         limits = w.limits
         stalled = w.budgets.stalled
         firing = self.ledger.firing_clocks
@@ -334,16 +330,16 @@ class Detector:
             if key in firing:
                 cancel(key)
             elif limit is not None:
-                arm(key, rec.since + limit - offset, rec.version)
+                arm(key, rec.since + limit, rec.version)
             elif chat_failed and status == ERROR:
-                arm(key, rec.since - offset, rec.version)
+                arm(key, rec.since, rec.version)
             else:
                 cancel(key)
             skey = (rec.identity, rec.chat_id, "stalled")
             if skey in firing:
                 cancel(skey)
             elif stalled is not None and status == RUNNING and rec.updated_at:
-                arm(skey, rec.updated_at + stalled - offset, int(rec.updated_at * 1000))
+                arm(skey, rec.updated_at + stalled, int(rec.updated_at * 1000))
             else:
                 cancel(skey)
 
@@ -355,7 +351,7 @@ class Detector:
                 now = self.wall.now()
                 for due in self.timers.pop_due(now):
                     self._due(due.key)
-                self._health_tick()
+                self.identity_watch.tick()
                 if now >= prune_at:  # timelines of chats quiet for a day go
                     self.timelines.prune(now)
                     prune_at = now + PRUNE_EVERY
@@ -392,66 +388,6 @@ class Detector:
             return
         w.pending[key] = self.wall.now()
         w.wake.set()
-
-    # -- identity health ----------------------------------------------------------
-
-    def _health_tick(self) -> None:
-        loop_now = loop_time()
-        firing = self.ledger.firing
-        for name, w in self.watched.items():
-            h = w.health
-            if h.state == "polling" or name in self._degraded:
-                self._degraded_tick(w)
-            fp = fingerprint(h.deployment, name, "IdentityUnhealthy")
-            # Its confirmations crash again and again: no verdict can come from it, so it is
-            # as unhealthy as an identity that cannot list.
-            confirming = TASKS.tasks.get(f"confirm:{name}")
-            crashing = confirming is not None and confirming.crashes_in_a_row >= CRASH_LOOP
-            # Or its re-reads keep failing while the stream works: the same, by Coder's doing.
-            broken = crashing or h.confirm_failures >= CONFIRM_FAILURES_UNHEALTHY
-            if h.ready and not broken:
-                if fp in firing:
-                    self.ledger.resolve(fp, at=self.wall.now(), why="identity recovered")
-                continue
-            if fp in firing or (
-                not broken and not h.refused and h.unhealthy_for(loop_now) < h.unhealthy_after
-            ):
-                continue
-            if crashing and confirming is not None:
-                h.last_error = f"confirmation task keeps crashing: {confirming.last_error}"
-            down_for = h.unhealthy_for(loop_now)
-            alert = identity_unhealthy(
-                h, fp=fp, labels=w.labels, down_for=down_for, starts_at=self.wall.now()
-            )
-            self.ledger.fire(alert, identity=name, chat_id=None)
-
-    def _degraded_tick(self, w: Watched) -> None:
-        """IdentityDegraded while the identity is watched by polling (its stream refused)."""
-        h = w.health
-        fp = fingerprint(h.deployment, h.name, "IdentityDegraded")
-        if h.state == "polling":
-            if fp not in self.ledger.firing:
-                alert = identity_degraded(h, fp=fp, labels=w.labels, starts_at=self.wall.now())
-                self.ledger.fire(alert, identity=h.name, chat_id=None)
-                self._degraded.add(h.name)
-            return
-        self._degraded.discard(h.name)
-        if fp in self.ledger.firing:
-            self.ledger.resolve(fp, at=self.wall.now(), why="the watch stream is back")
-
-    # -- alerts raised by other parts of the daemon (QuotaLow, ChatSwept) -------------
-
-    def raise_alert(self, alert: Alert, *, identity: str) -> None:
-        """Fire an identity-level alert once (persisted like every other)."""
-        self.ledger.raise_alert(alert, identity=identity)
-
-    def clear_alert(self, fp: str, *, why: str) -> None:
-        self.ledger.clear_alert(fp, why=why)
-
-    def note_invalid(self, identity: str, chat_id: str, message: str) -> None:
-        """A mutation found this chat's execution state invalid: see
-        :meth:`Ledger.note_invalid`."""
-        self.ledger.note_invalid(identity, chat_id, message)
 
 
 def _synthesized(identity: str, prev: ChatRecord | None, rec: ChatRecord) -> None:

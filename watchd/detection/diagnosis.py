@@ -58,44 +58,10 @@ def hint(
     if rec.status == "error":
         return error_hint(rec.last_error)
     if rec.status == "requires_action":
-        pending = (
-            f" (pending: {pending_text(rec)}; client ledger keys: {ledger_keys(rec)})"
-            if rec.pending
-            else " (which tool calls are pending was not seen: the action_required event "
-            "came before watchd watched)"
-        )
-        return (
-            f"a client tool pause is stranded{pending}: submit the stranded tool results "
-            "or reconcile the client's ledger first; do not interrupt blindly (the pause "
-            "may be the only record of a committed client-tool effect)"
-        )
-    build = facts.build
-    if build is not None and (build.status in ("pending", "failed") or build.quota_failed):
-        quota_note = ""
-        if facts.quota is not None and not facts.quota.unlimited:
-            quota_note = (
-                f" (quota: {facts.quota.credits_consumed}/{facts.quota.budget} credits used)"
-            )
-        if build.quota_failed:
-            return (
-                "workspace cannot be scheduled: its build failed for insufficient quota "
-                "(INSUFFICIENT_QUOTA)"
-                f"{quota_note}; reclaim credits by deleting workspaces (stopping only "
-                "frees stop-scoped costs) or raise the group allowance"
-            )
-        return (
-            f"workspace cannot be scheduled: latest build is {build.status}{quota_note}; "
-            "check quota headroom and the provisioners"
-        )
-    sick = [a for a in build.agents if a.unhealthy] if build is not None else []
-    if sick:
-        a = sick[0]
-        return (
-            f"workspace agent {a.name or '?'} is unhealthy (status {a.status or '?'}, "
-            f"lifecycle {a.lifecycle_state or '?'}): the build succeeded but the chat cannot "
-            "reach its workspace; check the agent's logs and startup script, or restart "
-            "the workspace"
-        )
+        return stranded_hint(rec)
+    said = workspace_hint(facts)
+    if said is not None:
+        return said
     if rec.queued_for_capacity:
         return (
             "deployment concurrency cap reached: the chat is queued for capacity "
@@ -132,6 +98,54 @@ def hint(
         "requestTimeoutMs) or a wedged run (interrupt it; if that fails, stop the "
         "workspace)"
     )
+
+
+def stranded_hint(rec: ChatRecord) -> str:
+    """A chat in requires_action: its stranded client-tool pause, and what not to do."""
+    pending = (
+        f" (pending: {pending_text(rec)}; client ledger keys: {ledger_keys(rec)})"
+        if rec.pending
+        else " (which tool calls are pending was not seen: the action_required event "
+        "came before watchd watched)"
+    )
+    return (
+        f"a client tool pause is stranded{pending}: submit the stranded tool results "
+        "or reconcile the client's ledger first; do not interrupt blindly (the pause "
+        "may be the only record of a committed client-tool effect)"
+    )
+
+
+def workspace_hint(facts: Facts) -> str | None:
+    """What the chat's workspace build says, when it explains the chat: a build that
+    cannot be scheduled (quota, provisioners) or an unhealthy agent; else None."""
+    build = facts.build
+    if build is not None and (build.status in ("pending", "failed") or build.quota_failed):
+        quota_note = ""
+        if facts.quota is not None and not facts.quota.unlimited:
+            quota_note = (
+                f" (quota: {facts.quota.credits_consumed}/{facts.quota.budget} credits used)"
+            )
+        if build.quota_failed:
+            return (
+                "workspace cannot be scheduled: its build failed for insufficient quota "
+                "(INSUFFICIENT_QUOTA)"
+                f"{quota_note}; reclaim credits by deleting workspaces (stopping only "
+                "frees stop-scoped costs) or raise the group allowance"
+            )
+        return (
+            f"workspace cannot be scheduled: latest build is {build.status}{quota_note}; "
+            "check quota headroom and the provisioners"
+        )
+    sick = [a for a in build.agents if a.unhealthy] if build is not None else []
+    if sick:
+        a = sick[0]
+        return (
+            f"workspace agent {a.name or '?'} is unhealthy (status {a.status or '?'}, "
+            f"lifecycle {a.lifecycle_state or '?'}): the build succeeded but the chat cannot "
+            "reach its workspace; check the agent's logs and startup script, or restart "
+            "the workspace"
+        )
+    return None
 
 
 def pending_text(rec: ChatRecord) -> str:

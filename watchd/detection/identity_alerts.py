@@ -7,22 +7,32 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from watchd.alerting.model import Alert
+from watchd.alerting.model import Alert, fingerprint
 from watchd.config.fields import format_duration
 from watchd.store.health import IdentityHealth
+
+
+def unhealthy_fingerprint(h: IdentityHealth) -> str:
+    """IdentityUnhealthy's fingerprint for this identity: the detector fires it under this,
+    admission and readiness look it up by it."""
+    return fingerprint(h.deployment, h.name, "IdentityUnhealthy")
+
+
+def degraded_fingerprint(h: IdentityHealth) -> str:
+    """IdentityDegraded's fingerprint for this identity."""
+    return fingerprint(h.deployment, h.name, "IdentityDegraded")
 
 
 def identity_unhealthy(
     h: IdentityHealth,
     *,
-    fp: str,
     labels: Mapping[str, str],
     down_for: float,
     starts_at: float,
 ) -> Alert:
     """IdentityUnhealthy for an identity that cannot watch its chats for ``down_for``."""
     return Alert(
-        fingerprint=fp,
+        fingerprint=unhealthy_fingerprint(h),
         labels=_labels(h, labels, "IdentityUnhealthy", "critical"),
         starts_at=starts_at,
         annotations={
@@ -38,12 +48,10 @@ def identity_unhealthy(
     )
 
 
-def identity_degraded(
-    h: IdentityHealth, *, fp: str, labels: Mapping[str, str], starts_at: float
-) -> Alert:
+def identity_degraded(h: IdentityHealth, *, labels: Mapping[str, str], starts_at: float) -> Alert:
     """IdentityDegraded: the identity is watched by listing only (its stream is refused)."""
     return Alert(
-        fingerprint=fp,
+        fingerprint=degraded_fingerprint(h),
         labels=_labels(h, labels, "IdentityDegraded", "warning"),
         starts_at=starts_at,
         annotations={

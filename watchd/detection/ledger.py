@@ -27,7 +27,7 @@ from watchd.detection import telling
 from watchd.detection.alerts import recaused, said_invalid
 from watchd.detection.budgets import ChatVerdict
 from watchd.detection.incidents import Incidents
-from watchd.detection.timers import TimerHeap
+from watchd.detection.timers import ServerTimers
 from watchd.kits import logs
 from watchd.kits.clock import WallClock
 from watchd.store.records import ChatRecord
@@ -132,7 +132,7 @@ class Ledger:
         *,
         sink: AlertSink,
         db: StateFile | None,
-        timers: TimerHeap,
+        timers: ServerTimers,
         wall: WallClock,
         counters: dict[str, int],
         incidents: Incidents | None = None,

@@ -1,4 +1,7 @@
-"""Notifiers from configuration (secrets already resolved)."""
+"""Notifiers from configuration (secrets already resolved).
+
+Each kind's module is imported when a receiver of that kind is built, so a daemon loads
+only the receivers its configuration names."""
 
 from __future__ import annotations
 
@@ -7,13 +10,6 @@ from typing import TextIO
 import aiohttp
 
 from watchd.alerting.receivers.base import Notifier
-from watchd.alerting.receivers.pagerduty import PagerDutyNotifier
-from watchd.alerting.receivers.simple import (
-    AlertmanagerNotifier,
-    ConsoleNotifier,
-    WebhookNotifier,
-)
-from watchd.alerting.receivers.slack import SlackNotifier
 from watchd.config.alerting import ReceiverConfig
 from watchd.config.model import Config
 from watchd.config.secrets import ResolvedSecrets
@@ -27,8 +23,12 @@ def build_one(
     stdout: TextIO | None = None,
 ) -> Notifier:
     if r.console is not None:
+        from watchd.alerting.receivers.simple import ConsoleNotifier
+
         return ConsoleNotifier(r.name, stdout)
     if r.webhook is not None:
+        from watchd.alerting.receivers.simple import WebhookNotifier
+
         hmac = secrets.receiver_hmac.get(r.name)
         return WebhookNotifier(
             r.name,
@@ -39,6 +39,8 @@ def build_one(
             max_alerts=r.webhook.max_alerts,
         )
     if r.slack is not None:
+        from watchd.alerting.receivers.slack import SlackNotifier
+
         return SlackNotifier(
             r.name,
             webhook_url=secrets.receivers[r.name].get_secret_value(),
@@ -47,6 +49,8 @@ def build_one(
             max_chats=r.slack.max_chats,
         )
     if r.pagerduty is not None:
+        from watchd.alerting.receivers.pagerduty import PagerDutyNotifier
+
         return PagerDutyNotifier(
             r.name,
             routing_key=secrets.receivers[r.name].get_secret_value(),
@@ -56,6 +60,8 @@ def build_one(
             severity=r.pagerduty.severity,
         )
     if r.alertmanager is not None:
+        from watchd.alerting.receivers.simple import AlertmanagerNotifier
+
         return AlertmanagerNotifier(
             r.name,
             urls=r.alertmanager.targets,
