@@ -222,9 +222,8 @@ class Detector:
             prev = change.previous
             if kind == "transition":
                 moved = True
-                # The SLO histogram's observation: leaving a non-terminal status (a round
-                # trip too), timed on the server's clock from its entry stamp to the next
-                # status's.
+                # The SLO histogram: leaving a non-terminal status (a round trip too), timed
+                # on the server's clock from its entry stamp to the next status's.
                 if (
                     on_left is not None
                     and prev is not None
