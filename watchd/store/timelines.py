@@ -10,10 +10,16 @@ from the store and the ledger when asked, so a chat that never moved costs nothi
 Bounded three ways, every drop counted: at most ``MAX_ENTRIES`` per chat (the oldest
 go, counted in the chat's ``dropped``), chats whose last entry is older than ``KEEP``
 are forgotten (:meth:`Timelines.prune`), and at most ``max_chats`` chats (the store's
-bound; the oldest timelines go first). An entry is a tuple of the server time,
-the source, the words and the status, and the words never hold a token: transport
-events are summarised from their typed fields (kind, attempt, code, status, duration),
-never copied.
+bound; the oldest timelines go first). An entry reads as a tuple of the server time,
+the source, the words and the status (:data:`Entry`), and the words never hold a
+token: transport events are summarised from their typed fields (kind, attempt, code,
+status, duration), never copied.
+
+Kept compact, since every chat that moves has one: a chat with a few entries is one
+flat tuple whose entries share their (source, words, status) per kind of transition;
+a busier one keeps its times and entries in two lists. A transport event is kept as
+its typed fields (a path's query and an error's text dropped at once) and put in
+words only when the timeline is read: most entries age out unread.
 """
 
 from __future__ import annotations
@@ -61,9 +67,7 @@ class _Busy:
 
 
 def _entry(at: float, said: Said) -> Entry:
-    if len(said) == 3:
-        return (at, *said)
-    return (at, "transport", _words(said), None)
+    return (at, *said) if len(said) == 3 else (at, "transport", _words(said), None)
 
 
 class Timelines:
@@ -138,7 +142,7 @@ class Timelines:
         flat = self._by_chat[chat_id]
         if isinstance(flat, _Busy):
             return flat
-        busy = self._by_chat[chat_id] = _Busy(flat[0], list(flat[1::2]), list(flat[2::2]))
+        self._by_chat[chat_id] = busy = _Busy(flat[0], list(flat[1::2]), list(flat[2::2]))
         return busy
 
     def _shared(self, key: tuple[str, ...], said: tuple[str, str, str | None]) -> Said:
