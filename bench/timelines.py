@@ -30,6 +30,9 @@ class Nothing(Timelines):
     def add(self, *a, **k):
         pass
 
+    def changes(self, *a, **k):
+        pass
+
 class Sink:
     def put(self, alert):
         pass
