@@ -596,16 +596,9 @@ def detection_latency(chats: int, budget: float) -> list[Row]:
             done.set()
         return web.Response(text="")
 
-    loop = asyncio.new_event_loop()
-    app = web.Application(client_max_size=256 << 20)
-    app.router.add_post("/hook", hook)
-    runner = web.AppRunner(app, access_log=None)
-    loop.run_until_complete(runner.setup())
-    from bench.procs import free_port
+    from bench.procs import serve_hook
 
-    port = free_port()
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    port, stop_hook = serve_hook(hook)
     sim = Sim(
         "--scenario",
         "bulk",
@@ -640,8 +633,7 @@ def detection_latency(chats: int, budget: float) -> list[Row]:
             d.stop()
     finally:
         sim.stop()
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
+        stop_hook()
     lat = sorted(arrivals[c] - expiry[c] for c in arrivals)
     p50 = statistics.median(lat)
     p99 = lat[int(len(lat) * 0.99) - 1]
@@ -969,7 +961,7 @@ def incident_burst(chats: int, budget: float = 15.0) -> list[Row]:
     and the daemon's RSS after it."""
     from aiohttp import web
 
-    from bench.procs import free_port
+    from bench.procs import serve_hook
 
     def once(incidents: bool) -> dict[str, float]:
         got = {"posts": 0, "alerts": 0}
@@ -1001,14 +993,7 @@ def incident_burst(chats: int, budget: float = 15.0) -> list[Row]:
                         done.set()
             return web.Response(text="")
 
-        loop = asyncio.new_event_loop()
-        app = web.Application(client_max_size=256 << 20)
-        app.router.add_post("/hook", hook)
-        runner = web.AppRunner(app, access_log=None)
-        loop.run_until_complete(runner.setup())
-        port = free_port()
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-        threading.Thread(target=loop.run_forever, daemon=True).start()
+        port, stop_hook = serve_hook(hook)
         sim = Sim(
             "--scenario", "bulk", "--users", "1", "--chats-per-user", str(chats),
             "--chat-status", "running", "--chat-age", "0",
@@ -1033,8 +1018,7 @@ def incident_burst(chats: int, budget: float = 15.0) -> list[Row]:
                 d.stop()
         finally:
             sim.stop()
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-            loop.call_soon_threadsafe(loop.stop)
+            stop_hook()
         took = paged[0] - max(due) if paged and due else float("nan")
         return {"posts": got["posts"], "alerts": got["alerts"], "took": took, "rss": rss}
 

@@ -232,3 +232,28 @@ class Daemon:
             self.profiler.wait(60)
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(30)
+
+
+def serve_hook(hook: Any) -> tuple[int, Any]:
+    """A webhook receiver for the daemon on a thread and loop of its own: ``POST /hook``
+    answered by the coroutine ``hook(request)``. Returns its port and a function that
+    stops it."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    loop = asyncio.new_event_loop()
+    app = web.Application(client_max_size=256 << 20)
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app, access_log=None)
+    loop.run_until_complete(runner.setup())
+    port = free_port()
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    def stop() -> None:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+
+    return port, stop

@@ -503,6 +503,30 @@ async def test_chats_due_at_one_server_instant_fire_together_though_the_estimate
         assert r.sink.names() == [("ChatStuck", "firing")] * 2
 
 
+async def test_a_listing_that_moves_the_clock_estimate_back_still_confirms_its_burst() -> None:
+    """A burst confirmed by a listing whose own Date samples move the clock estimate back
+    (the chats now look a little short of their budget) fires from that one listing: its
+    chats are judged no earlier than the deadline they came due by, not listed again."""
+    async with rig(Budgets(running=60), listing_threshold=5) as r:
+        r.ready()
+        stamp = r.clock.now() - 30
+        for i in range(10):
+            r.see(f"c{i}", "running", stamp, workspace_id=None)
+        confirmer = r.det.watched["a"].confirmer
+        relist = confirmer.relist
+
+        async def estimate_moves_back(**kw: Any) -> None:
+            r.clock.offset -= 0.3  # the listing's responses say the server is a bit behind
+            await relist(**kw)
+
+        confirmer.relist = estimate_moves_back  # type: ignore[method-assign]
+        r.advance(30)
+        await r.settle()
+        await r.settle()
+        assert r.server.lists == 1 and r.det.counters["unfounded"] == 0
+        assert r.sink.names() == [("ChatStuck", "firing")] * 10
+
+
 async def test_restart_keeps_clock_and_does_not_refire(tmp_path: Path) -> None:
     """Clocks and firing alerts persisted in SQLite survive a restart without a second page."""
     db = StateFile(tmp_path / "state.sqlite3")

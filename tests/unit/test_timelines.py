@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_detector import rig
 from watchd.coder.observing import ChatId, Observation
 from watchd.config.fields import ConfigError
 from watchd.config.loading import parse_config
+from watchd.config.watching import Budgets
 from watchd.store.chats import ChatStore
 from watchd.store.timelines import Timelines, describe
 
@@ -166,3 +168,111 @@ def test_agent_evidence_says_a_redial_storm_and_a_silent_open_stream() -> None:
     tl.add("c1", "a", 1200.0, "transport", "ws:close code=1006")
     assert tl.agent_said("c1", now=5000.0) == ""
     assert tl.agent_said("nobody", now=5000.0) == ""
+
+
+def test_a_chat_that_moved_a_few_times_is_one_flat_tuple_and_reads_the_same() -> None:
+    """A chat with a few transitions is kept as one flat tuple, and reads back as the
+    entries the endpoint shows, oldest first, with nothing dropped."""
+    store, tl = _store_and_timelines()
+    for i, status in enumerate(("pending", "running", "waiting", "running")):
+        see(store, tl, status, 1000.0 + i)
+    assert isinstance(tl._by_chat["c1"], tuple)
+    found = tl.get("c1")
+    assert found is not None
+    identity, entries, dropped = found
+    assert identity == "a" and dropped == 0
+    assert entries == [
+        (1000.0, "stream", "created: pending", "pending"),
+        (1001.0, "stream", "pending → running", "running"),
+        (1002.0, "stream", "running → waiting", "waiting"),
+        (1003.0, "stream", "waiting → running", "running"),
+    ]
+
+
+def test_transitions_past_200_keep_the_newest_and_count_the_rest() -> None:
+    """A chat moving 250 times on the server's clock keeps its newest 200 transitions,
+    oldest first, past the flat form; the 50 dropped are counted on it and in total."""
+    store, tl = _store_and_timelines()
+    for i in range(250):
+        see(store, tl, ("running", "waiting")[i % 2], 1000.0 + i)
+    found = tl.get("c1")
+    assert found is not None
+    _, entries, dropped = found
+    assert len(entries) == 200 and dropped == 50
+    assert [e[0] for e in entries] == [1000.0 + i for i in range(50, 250)]
+    assert tl.snapshot()["entries_dropped"] == 50
+
+
+def test_a_late_stamp_lands_in_order_in_either_form() -> None:
+    """An entry stamped before the last one lands after its equals and before later
+    ones, whether the chat is still a flat tuple or already past it."""
+    tl = Timelines()
+    for at in (10.0, 30.0):
+        tl.add("small", "a", at, "stream", f"at {at}")
+    tl.add("small", "a", 20.0, "listing", "late")
+    for i in range(20):
+        tl.add("busy", "a", float(i * 10), "stream", f"at {i}")
+    tl.add("busy", "a", 55.0, "listing", "late")
+    for chat in ("small", "busy"):
+        found = tl.get(chat)
+        assert found is not None
+        times = [e[0] for e in found[1]]
+        assert times == sorted(times)
+        assert ("late" in [e[2] for e in found[1]]) and found[2] == 0
+
+
+def test_a_day_after_its_last_entry_a_timeline_goes_in_either_form() -> None:
+    """prune, on the server's clock, forgets the flat and the busy timelines whose last
+    entry is over 24 h old, and keeps those with a newer one."""
+    tl = Timelines()
+    tl.add("old-small", "a", 100.0, "stream", "x")
+    tl.add("new-small", "a", 50_000.0, "stream", "x")
+    for i in range(30):
+        tl.add("old-busy", "a", float(i), "transport", "ws:open attempt=1")
+        tl.add("new-busy", "a", 60_000.0 + i, "transport", "ws:open attempt=1")
+    assert tl.prune(86_400.0 + 1_000.0) == 2
+    assert tl.get("old-small") is None and tl.get("old-busy") is None
+    assert tl.get("new-small") is not None and tl.get("new-busy") is not None
+
+
+def test_a_transport_event_is_kept_as_typed_fields_without_query_or_error_text() -> None:
+    """What a timeline keeps of a forwarded event holds neither a path's query nor an
+    error's message (only the words the endpoint shows are made of it, when read)."""
+    store, tl = _store_and_timelines()
+    see(store, tl, "running", 1000.0)
+    see(store, tl, "waiting", 1001.0)
+    for i in range(10):
+        tl.transport({"type": "ws:event", "chatId": "c1"}, 1002.0 + i)
+    event = {
+        "type": "http:error",
+        "method": "GET",
+        "path": "/api/v2/chats/c1?token=SECRET",
+        "message": "SECRET",
+        "error": {"name": "AbortError", "message": "SECRET"},
+        "durationMs": 250,
+    }
+    tl.transport(event, 1020.0)
+    assert "SECRET" not in repr(tl._by_chat)
+    found = tl.get("c1")
+    assert found is not None
+    assert (
+        found[1][-1][2]
+        == describe(event)
+        == "http:error GET /api/v2/chats/c1 0.2s error AbortError"
+    )
+
+
+@pytest.mark.looptime
+async def test_on_the_virtual_clock_the_detector_forgets_a_timeline_after_a_day() -> None:
+    """The detector's minute look forgets a chat's timeline a day after its last entry
+    and keeps a chat that moved since (virtual clock: looptime, the rig's wall)."""
+    async with rig(Budgets(pending=10**7, running=10**7, default=10**7)) as r:
+        r.ready()
+        r.see("old", "pending", r.clock.now())
+        r.see("old", "running", r.clock.now() + 1)
+        assert r.det.timelines.get("old") is not None
+        r.advance(86_400 + 120)
+        r.see("new", "pending", r.clock.now())
+        await r.settle()
+        assert r.det.timelines.get("old") is None
+        assert r.det.timelines.get("new") is not None

@@ -21,6 +21,7 @@ from prometheus_client.core import (
 
 from watchd.coder.models import ACTIVE_STATUSES, BLOCKED_STATUSES, IDLE_STATUSES
 from watchd.daemon.snapshot import DispatchSnapshot, Snapshot
+from watchd.kits.histogram import le
 from watchd.kits.tasks import TASKS
 
 if TYPE_CHECKING:
@@ -266,7 +267,7 @@ def agent_families(a: Mapping[str, Any]) -> Iterator[Metric]:
     )
     hist.add_metric(
         [],
-        [(_le(b), float(c)) for b, c in zip(h["buckets"], h["counts"], strict=True)],
+        [(le(b), float(c)) for b, c in zip(h["buckets"], h["counts"], strict=True)],
         sum_value=h["sum"],
     )
     yield hist
@@ -282,10 +283,6 @@ def agent_families(a: Mapping[str, Any]) -> Iterator[Metric]:
     for k, v in a["http"].items():
         http.add_metric([k], v)
     yield http
-
-
-def _le(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
 def gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:

@@ -13,8 +13,7 @@ a secret.
 from __future__ import annotations
 
 import contextlib
-from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -37,6 +36,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 from watchd.daemon.families import NON_TERMINAL
 from watchd.daemon.view import DaemonView
+from watchd.kits.histogram import Buckets
 
 # `_created` gauges per histogram child are noise for scrapers of the 0.0.4 text format.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -60,6 +60,10 @@ STATUS_BUCKETS = (
 
 class Metrics:
     """The daemon's registry. Hooks observe the histograms; the rest is read at scrape."""
+
+    # The detector's hook, once per transition: a chat left a non-terminal status after
+    # ``seconds`` (identity, status, seconds). Durations.observe itself: no call between.
+    left_status: Callable[[str, str, float], None]
 
     def __init__(self, daemon: DaemonView) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -91,6 +95,7 @@ class Metrics:
         # increments), rendered at scrape; prometheus_client's labels().observe() was a
         # third of an event's cost.
         self.status_duration = Durations()
+        self.left_status = self.status_duration.observe
         self.coder = CoderRequests(self.registry)
         self.registry.register(Live(daemon))
         self.registry.register(_DurationsCollector(self.status_duration))
@@ -100,10 +105,6 @@ class Metrics:
         self.confirmation.labels(name)
         self.coder.wait.labels(name)
         self.status_duration.add(name)
-
-    def left_status(self, identity: str, status: str, seconds: float) -> None:
-        """The detector's hook: a chat left a non-terminal status after ``seconds``."""
-        self.status_duration.observe(identity, status, seconds)
 
     def identity_removed(self, name: str) -> None:
         for h in (self.listing, self.confirmation, self.coder.wait):
@@ -124,28 +125,27 @@ class Metrics:
 
 
 class Durations:
-    """``watchd_chat_status_duration_seconds``: per identity and non-terminal status, the
-    count of observations per bucket, and their sum (an unknown status is ``other``)."""
+    """``watchd_chat_status_duration_seconds``: per identity and non-terminal status, a
+    :class:`~watchd.kits.histogram.Buckets` of STATUS_BUCKETS (an unknown status is ``other``)."""
 
     def __init__(self) -> None:
-        self._by: dict[tuple[str, str], list[float]] = {}  # counts per bucket + [sum]
+        self._by: dict[tuple[str, str], Buckets] = {}
 
     def add(self, identity: str) -> None:
         for status in NON_TERMINAL:
-            self._by.setdefault((identity, status), [0.0] * (len(STATUS_BUCKETS) + 2))
+            self._by.setdefault((identity, status), Buckets(STATUS_BUCKETS))
 
     def remove(self, identity: str) -> None:
         for status in NON_TERMINAL:
             self._by.pop((identity, status), None)
 
     def observe(self, identity: str, status: str, seconds: float) -> None:
-        row = self._by.get((identity, status))
-        if row is None:
+        h = self._by.get((identity, status))
+        if h is None:
             if status not in NON_TERMINAL:
                 status = "other"
-            row = self._by.setdefault((identity, status), [0.0] * (len(STATUS_BUCKETS) + 2))
-        row[bisect_left(STATUS_BUCKETS, seconds)] += 1
-        row[-1] += seconds
+            h = self._by.setdefault((identity, status), Buckets(STATUS_BUCKETS))
+        h.observe(seconds)
 
     def family(self) -> HistogramMetricFamily:
         h = HistogramMetricFamily(
@@ -154,13 +154,8 @@ class Durations:
             "(server clock; a lower bound for a chat first seen in a listing).",
             labels=["identity", "status"],
         )
-        edges = [*(repr(float(b)) for b in STATUS_BUCKETS), "+Inf"]
-        for (identity, status), row in sorted(self._by.items()):
-            cumulative, total = [], 0.0
-            for edge, n in zip(edges, row[:-1], strict=True):
-                total += n
-                cumulative.append((edge, total))
-            h.add_metric([identity, status], cumulative, sum_value=row[-1])
+        for (identity, status), counts in sorted(self._by.items()):
+            h.add_metric([identity, status], counts.samples(), sum_value=counts.sum)
         return h
 
 

@@ -108,6 +108,7 @@ class Confirming:
                     w.pending.clear()
                     break
                 batch = list(w.pending)
+                w.due_by = max(w.pending.values())
                 w.pending.clear()
                 try:
                     if w.failures:
@@ -177,7 +178,9 @@ class Confirming:
             w.failures.pop(key, None)
         # Chats that came due while the listing ran and that a later page read: this
         # listing confirms them too (no second listing a second later).
-        late = [key for key in pages.confirmed if w.pending.pop(key, None) is not None]
+        late = [key for key in pages.confirmed if key in w.pending]
+        for key in late:
+            w.due_by = max(w.due_by, w.pending.pop(key))
         log.info(
             "confirm.listed",
             identity=w.health.name,

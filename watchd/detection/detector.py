@@ -349,7 +349,7 @@ class Detector:
             while True:
                 now = self.wall.now()
                 for due in self.timers.pop_due(now):
-                    self._due(due.key)
+                    self._due(due.key, due.deadline)
                 self.identity_watch.tick()
                 if now >= prune_at:  # timelines of chats quiet for a day go
                     self.timelines.prune(now)
@@ -372,7 +372,7 @@ class Detector:
         """Re-evaluate deadlines now (after a clock adjustment, or from tests)."""
         self._wake.set()
 
-    def _due(self, key: ClockKey) -> None:
+    def _due(self, key: ClockKey, deadline: float) -> None:
         identity, chat_id, _clock = key
         w = self.watched.get(identity)
         if (
@@ -385,7 +385,7 @@ class Detector:
             w.deferred.add(key)
             self.counters["deferred"] += 1
             return
-        w.pending[key] = self.wall.now()
+        w.pending[key] = deadline
         w.wake.set()
 
 

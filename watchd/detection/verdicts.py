@@ -36,6 +36,12 @@ log = logs.get("watchd.detection")
 # bound to); chats bound to one workspace share its read; the rest use what is cached.
 BURST_LOOKUPS = 20
 
+# How far the clock estimate may have moved back between a batch coming due and its
+# re-read and the batch still be judged at the deadline it came due by: the resolution
+# of the HTTP Date headers the estimate rests on. A larger correction (a proxy's clock
+# found out) is believed: the chats are judged on it.
+ESTIMATE_SLACK = 1.0
+
 # A due chat in the fire pass: record, clock, verdict, clock start, fingerprint, draft.
 _Due = tuple[ChatRecord, Clock, Overdue, float, str, "Draft | None"]
 
@@ -69,8 +75,11 @@ class Verdicts:
         self.timelines = timelines
 
     def past(self, w: Watched, rec: ChatRecord, clock: Clock) -> Overdue | None:
-        """(alert name, time in clock, budget) when ``rec`` is past its budget now."""
+        """(alert name, time in clock, budget) when ``rec`` is past its budget now: judged
+        no earlier than the deadline its batch came due by (:attr:`Watched.due_by`) where
+        that is within ESTIMATE_SLACK of the clock estimate now."""
         now = w.health.server_clock.now()
+        now = max(now, min(w.due_by, now + ESTIMATE_SLACK))
         return past_budget(w.budgets, rec, now=now, clock=clock, chat_failed=self.chat_failed)
 
     def rearm(self, rec: ChatRecord | None) -> None:

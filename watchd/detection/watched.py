@@ -58,7 +58,13 @@ class Watched:
     confirmer: Confirmer
     budgets: Budgets
     labels: Mapping[str, str]
+    # Due chats waiting for their re-read → the deadline (server time) each came due at.
     pending: dict[ClockKey, float] = field(default_factory=dict)
+    # The latest deadline of the batch being confirmed: its chats are judged no earlier
+    # than that (within a second of the estimate: verdicts.ESTIMATE_SLACK), so Date
+    # samples of the confirming listing itself that move the clock estimate back cannot
+    # make the burst "not yet due" and cost a second listing.
+    due_by: float = 0.0
     deferred: set[ClockKey] = field(default_factory=set)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None

@@ -9,15 +9,21 @@ closed set (never a chat id, a path or free text). Pure: no clock, no I/O.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any
+
+from watchd.kits.histogram import Buckets
 
 OUTCOMES = ("clean", "error", "teardown")
 CODE_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx", "error")
 # Segment durations, seconds: a turn segment runs from a fraction of a second to the
 # SDK's requestTimeoutMs (minutes).
 SEGMENT_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+# The kinds AgentSignals counts: the pipeline hands it no other (a ws:event, a stream's
+# frame, is most of what agents forward).
+KINDS = frozenset({"segment:settle", "ws:redial", "http:response", "http:error"})
+_NUMBER = (int, float)
+_CLASS_OF = {code: f"{code // 100}xx" for code in range(100, 600)}
 
 
 class AgentSignals:
@@ -26,8 +32,7 @@ class AgentSignals:
 
     def __init__(self) -> None:
         self.segments = dict.fromkeys(OUTCOMES, 0)
-        self._buckets = [0] * (len(SEGMENT_BUCKETS) + 1)
-        self._sum = 0.0
+        self.segment_seconds = Buckets(SEGMENT_BUCKETS)
         self.redials = 0
         self.http = dict.fromkeys(CODE_CLASSES, 0)
 
@@ -36,31 +41,24 @@ class AgentSignals:
         if kind == "segment:settle":
             self.segments[outcome(event)] += 1
             ms = event.get("durationMs")
-            if isinstance(ms, int | float) and not isinstance(ms, bool) and ms >= 0:
-                seconds = ms / 1000.0
-                self._buckets[bisect_left(SEGMENT_BUCKETS, seconds)] += 1
-                self._sum += seconds
+            if isinstance(ms, _NUMBER) and ms.__class__ is not bool and ms >= 0:
+                self.segment_seconds.observe(ms / 1000.0)
         elif kind == "ws:redial":
             self.redials += 1
         elif kind == "http:response":
-            self.http[code_class(event.get("status"))] += 1
+            status = event.get("status")
+            # An int (every valid event's) by lookup; anything else as code_class says.
+            c = _CLASS_OF.get(status, "error") if status.__class__ is int else code_class(status)
+            self.http[c] += 1
         elif kind == "http:error":
             self.http["error"] += 1
 
     def snapshot(self) -> dict[str, Any]:
         """As plain data (``/status`` JSON and the ``/metrics`` collector): the segment
         histogram's buckets are cumulative, as Prometheus' ``le``, the last one +Inf."""
-        cumulative, total = [], 0
-        for n in self._buckets:
-            total += n
-            cumulative.append(total)
         return {
             "segments": dict(self.segments),
-            "segment_seconds": {
-                "buckets": [*SEGMENT_BUCKETS, float("inf")],
-                "counts": cumulative,
-                "sum": round(self._sum, 3),
-            },
+            "segment_seconds": self.segment_seconds.snapshot(),
             "redials": self.redials,
             "http": dict(self.http),
         }

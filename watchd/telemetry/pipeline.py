@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from watchd.kits import logs
-from watchd.telemetry.agents import AgentSignals
+from watchd.telemetry.agents import KINDS, AgentSignals
 from watchd.telemetry.events import EventSource, QueueSink
 from watchd.telemetry.spans import SpanConverter
 
@@ -32,6 +32,7 @@ EXPIRE_EVERY = 5.0
 BATCH = 500
 SLICE = 0.001
 SLICE_CHECK = 16  # events between looks at the clock
+_NUMBER = (int, float)
 
 
 class SpanPipeline:
@@ -102,13 +103,16 @@ class SpanPipeline:
                     self._emit(rec)
 
     def _convert(self, source: object, event: object) -> None:
+        # Runs for every forwarded event: each lookup and call here is paid per event.
         if isinstance(source, EventSource) and not source.own and isinstance(event, dict):
-            self.agents.observe(event)
-            if self.on_forwarded is not None:
+            if event.get("type") in KINDS:
+                self.agents.observe(event)
+            hook = self.on_forwarded
+            if hook is not None:
                 ts = event.get("timestamp")
-                at = ts / 1000.0 if isinstance(ts, int | float) else time.time()
+                at = ts / 1000.0 if isinstance(ts, _NUMBER) else time.time()
                 try:
-                    self.on_forwarded(event, at)
+                    hook(event, at)
                 except Exception:
                     log.exception("transport.observer_failed")
         try:
