@@ -249,7 +249,7 @@ class Confirming:
         the identity's health)."""
         self.counters["confirm_failed"] += 1
         log.warning("confirm.failed", identity=w.health.name, error=str(exc), chats=len(keys))
-        retry = self.wall.now() + w.health.server_clock.offset + RETRY_CONFIRM_AFTER  # server time
+        retry = w.health.server_clock.now() + RETRY_CONFIRM_AFTER  # timers keep server time
         error = str(exc)[:300]
         for key in keys:
             w.failures[key] = (w.failures.get(key, (0, ""))[0] + 1, error)

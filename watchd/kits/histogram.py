@@ -33,10 +33,6 @@ class Buckets:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
     def cumulative(self) -> list[int]:
         """Counts at or below each bound, the last one (+Inf) every observation."""
         return list(accumulate(self.counts))

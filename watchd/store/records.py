@@ -194,8 +194,7 @@ def build(
     calls = bounded_calls(chat.tool_calls) if chat.tool_calls else ()
     kind = chat.kind
     kind = KINDS[kind] if kind else ""
-    title = chat.title
-    title = title[:TITLE_MAX] if title else ""
+    title = title_of(chat.title)
     queued = chat.queued_for_capacity
     if previous is not None:
         # Older eras' watch payloads are minimal: keep what we knew rather than erase it.

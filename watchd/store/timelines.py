@@ -110,6 +110,8 @@ class Timelines:
         self._put(chat_id, identity, at, (source, what, status))
 
     def _put(self, chat_id: str, identity: str, at: float, said: Said) -> None:
+        """The one place an entry is kept (every transition and forwarded event comes
+        here): a new chat's flat tuple, a small one grown in order, else a _Busy."""
         by_chat = self._by_chat
         t = by_chat.get(chat_id)
         if t is None:
@@ -155,7 +157,7 @@ class Timelines:
         stream, chats gone. A chat first seen in a listing adds nothing (its record says
         it); refreshes (progress, a title) add nothing. ``clock``: the identity's server
         clock, read only for what has no stamp of its own (a chat gone)."""
-        by_chat, shared, small = self._by_chat, self._said, self._small
+        shared = self._said
         for change in changes:
             kind = change.kind
             rec = change.record
@@ -166,18 +168,7 @@ class Timelines:
                 said = shared.get(key)
                 if said is None:
                     said = self._shared(key, _moved(*key))
-                # The watch path's common case inline (a new chat, or a small one, in
-                # order): this runs once per transition of every chat.
-                cid, at = rec.chat_id, rec.since
-                t = by_chat.get(cid)
-                if t is None:
-                    if len(by_chat) < self.max_chats:
-                        by_chat[cid] = (identity, at, said)
-                        continue
-                elif t.__class__ is tuple and at >= t[-2] and len(t) < small:
-                    by_chat[cid] = t + (at, said)  # noqa: RUF005 (a third faster)
-                    continue
-                self._put(cid, identity, at, said)
+                self._put(rec.chat_id, identity, rec.since, said)
             elif kind == "new" and source == "stream":
                 status = rec.status
                 said = self._shared(("new", status), (source, f"created: {status}", status))
@@ -224,21 +215,7 @@ class Timelines:
         )  # fmt: skip
         if fields[_PATH] is not None or fields[_ERROR] is not None:
             fields = _tame(fields)
-        if t.__class__ is not _Busy:
-            self._put(chat_id, identity if t is None else "", at, fields)  # type: ignore[arg-type]
-            return
-        times, said = t.times, t.said
-        if at >= times[-1]:
-            times.append(at)
-            said.append(fields)
-        else:  # a late stamp where it belongs, after its equals
-            i = bisect_right(times, at)
-            times.insert(i, at)
-            said.insert(i, fields)
-        if len(times) > self.max_entries:
-            del times[0], said[0]
-            t.dropped += 1
-            self.entries_dropped += 1
+        self._put(chat_id, identity if t is None else "", at, fields)  # type: ignore[arg-type]
 
     def get(self, chat_id: str) -> tuple[str, list[Entry], int] | None:
         """(identity, entries oldest first, entries dropped), or None."""

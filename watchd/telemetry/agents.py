@@ -23,7 +23,6 @@ SEGMENT_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 18
 # frame, is most of what agents forward).
 KINDS = frozenset({"segment:settle", "ws:redial", "http:response", "http:error"})
 _NUMBER = (int, float)
-_CLASS_OF = {code: f"{code // 100}xx" for code in range(100, 600)}
 
 
 class AgentSignals:
@@ -78,3 +77,7 @@ def code_class(status: object) -> str:
     if isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599:
         return f"{status // 100}xx"
     return "error"
+
+
+# code_class of every valid status, by lookup (an http:response per forwarded request).
+_CLASS_OF = {code: code_class(code) for code in range(100, 600)}
