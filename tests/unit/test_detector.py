@@ -18,7 +18,7 @@ from watchd.coder.errors import CoderError
 from watchd.coder.models import WorkspaceBuild
 from watchd.coder.observing import ChatId, Observation, WireContext, WireError
 from watchd.config.watching import Budgets, IncidentsConfig
-from watchd.detection.alerts import Draft, iso
+from watchd.detection.alerts import iso
 from watchd.detection.confirming import SETTLE_MAX, SETTLE_QUIET
 from watchd.detection.detector import Detector
 from watchd.detection.diagnosis import Facts
@@ -988,9 +988,9 @@ def _varied(r: Rig, n: int) -> None:
 Fired = tuple[str, list[tuple[str, str]], list[tuple[str, str]], float, float | None, float | None]
 
 
-async def _burst_fired(*, moves: bool = False) -> tuple[list[Fired], int]:
-    """A burst of varied chats (two clocks each) confirmed by a paged listing: what fired
-    (every field, annotations in order) and how many alerts the fire pass rendered whole."""
+async def _burst_fired(*, size: int = 5, moves: bool = False) -> list[Fired]:
+    """A burst of varied chats (two clocks each) confirmed by a listing in pages of
+    ``size``: every alert put to the sink, in order (every field, annotations in order)."""
     async with rig(Budgets(running=60, stalled=90), listing_threshold=5) as r:
         r.ready()
         r.health.set_state("seeding")
@@ -1007,29 +1007,12 @@ async def _burst_fired(*, moves: bool = False) -> tuple[list[Fired], int]:
                 r.det.apply("a", [change])
                 r.see("c01", "waiting", r.clock.now())
 
-        paged = _paged(r, size=5, between=between)
-        listed = False
-
-        async def relist(*, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
-            nonlocal listed
-            await paged(on_page=on_page)
-            listed = True
-
-        w.confirmer.relist = relist  # type: ignore[method-assign]
-        whole = 0
-        draft = r.det.renderer.draft
-
-        def counted(*args: object, **kw: object) -> Draft:
-            nonlocal whole
-            whole += listed  # drafted only after the listing: rendered whole by the pass
-            return draft(*args, **kw)  # type: ignore[arg-type]
-
-        r.det.renderer.draft = counted  # type: ignore[method-assign]
+        w.confirmer.relist = _paged(r, size=size, between=between)  # type: ignore[method-assign]
         r.ready()
         await r.settle()
         await r.settle()
         assert (r.server.lists, r.server.gets) == (1, 0)
-        fired: list[Fired] = [
+        return [
             (
                 a.fingerprint,
                 list(a.labels.items()),
@@ -1040,49 +1023,98 @@ async def _burst_fired(*, moves: bool = False) -> tuple[list[Fired], int]:
             )
             for a in r.sink.alerts
         ]
-        return fired, whole
 
 
-async def test_alerts_drafted_during_the_listing_are_the_alerts_rendered_after_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A burst whose alerts were drafted as the listing's pages arrived fires the very
-    alerts (same order, labels, annotations in order, times) that rendering each after the
-    listing fires, and renders none of them whole after it."""
-    from watchd.detection import confirming
-
-    drafted, whole = await _burst_fired()
-    assert whole == 0 and len(drafted) >= 40  # ChatStuck/Stranded and ChatStalled each
-
-    def no_drafts(self: confirming.Drafting, present: AbstractSet[str]) -> None:
-        return None
-
-    monkeypatch.setattr(confirming.Drafting, "seen", no_drafts)
-    rendered, whole = await _burst_fired()
-    assert whole == len(rendered)
-    assert drafted == rendered
+async def test_a_burst_fired_page_by_page_fires_what_one_pass_after_the_listing_fires() -> None:
+    """A burst whose chats fire as the listing's pages re-read them fires the very alerts
+    (labels, annotations in order, times) that firing them all after a one-page listing
+    fires, each once."""
+    paged = await _burst_fired(size=5)
+    whole = await _burst_fired(size=1000)
+    assert len(paged) >= 40  # ChatStuck/Stranded and ChatStalled each
+    assert len({f[0] for f in paged}) == len(paged)
+    assert sorted(paged) == sorted(whole)
 
 
-async def test_a_chat_that_moves_after_its_page_is_judged_on_its_record_at_the_end(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A chat drafted from an early page that the watch stream then moves is judged on its
-    record when the listing ends, as without drafts: retitled it fires with its new title,
-    gone waiting it does not fire."""
-    from watchd.detection import confirming
+async def test_a_chat_that_moves_after_its_page_fired_it_resolves() -> None:
+    """A page that re-read a chat past its budget is its confirmation: the chat fires on
+    that page's record (its later rename does not re-render it), and one the stream then
+    moves to waiting before the listing ends resolves (under the dispatcher's hold the
+    receiver hears of it only as resolved: tests/unit/test_dispatch.py)."""
+    fired = await _burst_fired(moves=True)
+    said = [(dict(f[1])["chat_id"], dict(f[1])["alertname"], f[4] is None) for f in fired]
+    assert ("c01", "ChatStuck", True) in said and ("c01", "ChatStuck", False) in said
+    titles = {dict(f[2])["title"] for f in fired if dict(f[1])["chat_id"] == "c00"}
+    assert titles == {"chat c00"}
+    assert sum(1 for c, name, on in said if c == "c00" and on) == 2  # ChatStuck, ChatStalled
 
-    drafted, whole = await _burst_fired(moves=True)
-    assert whole >= 1  # c00's record moved: its draft is not used
-    by_chat = {dict(f[1])["chat_id"]: f[2] for f in drafted}
-    assert "c01" not in by_chat
-    assert dict(by_chat["c00"])["title"] == "renamed"
 
-    def no_drafts(self: confirming.Drafting, present: AbstractSet[str]) -> None:
-        return None
+def _listing(
+    r: Rig, *, size: int, skip: AbstractSet[str] = frozenset(), fail_after: int | None = None
+) -> Callable[..., Coroutine[Any, Any, None]]:
+    """A paged listing that never reads the chats in ``skip`` (a moving cursor skips
+    them) and, with ``fail_after``, fails once that many pages were applied."""
+    paged = _paged(r, size=size)
 
-    monkeypatch.setattr(confirming.Drafting, "seen", no_drafts)
-    rendered, _ = await _burst_fired(moves=True)
-    assert drafted == rendered
+    async def relist(*, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
+        hidden = {k: r.server.chats.pop(k) for k in skip if k in r.server.chats}
+        pages = 0
+
+        def counted(present: AbstractSet[str]) -> None:
+            nonlocal pages
+            if fail_after is not None and pages >= fail_after:
+                raise CoderError(status=502, message="bad gateway")
+            pages += 1
+            if on_page is not None:
+                on_page(present)
+
+        try:
+            await paged(on_page=counted)
+        finally:
+            r.server.chats.update(hidden)
+
+    return relist
+
+
+async def test_a_due_chat_no_page_read_is_confirmed_by_get_not_fired_on_old_evidence() -> None:
+    """A burst's chat that its confirming listing never read fires only once a GET
+    re-reads it past its budget, and one that GET finds gone never fires: what a page
+    did not show is confirmed again, not fired on the record from before."""
+    async with rig(Budgets(running=60), listing_threshold=5) as r:
+        r.ready()
+        await r.settle()
+        for i in range(8):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        r.det.watched["a"].confirmer.relist = _listing(r, size=3, skip={"c0", "c1"})  # type: ignore[method-assign]
+        r.server.chats.pop("c1")  # deleted on the server; the store still has it
+        await r.settle()
+        await r.settle()
+        fired = sorted(a.labels["chat_id"] for a in r.sink.alerts if a.firing)
+        assert fired == ["c0", "c2", "c3", "c4", "c5", "c6", "c7"]
+        assert (r.server.lists, r.server.gets) == (1, 2)
+        assert r.store.get("a", "c1") is None
+
+
+async def test_a_listing_that_fails_fires_what_its_pages_read_and_retries_the_rest() -> None:
+    """A confirming listing that fails after its first page: the chats that page re-read
+    past budget fire on its evidence; the others fire nothing now and are confirmed on
+    the retry RETRY_CONFIRM_AFTER later."""
+    from watchd.detection.confirming import RETRY_CONFIRM_AFTER
+
+    async with rig(Budgets(running=60), listing_threshold=5) as r:
+        r.ready()
+        await r.settle()
+        for i in range(6):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        r.det.watched["a"].confirmer.relist = _listing(r, size=3, fail_after=1)  # type: ignore[method-assign]
+        await r.settle()
+        assert sorted(a.labels["chat_id"] for a in r.sink.alerts) == ["c0", "c1", "c2"]
+        assert r.det.counters["confirm_failed"] == 1
+        r.advance(RETRY_CONFIRM_AFTER + 1)
+        await r.settle()
+        fired = sorted(a.labels["chat_id"] for a in r.sink.alerts if a.firing)
+        assert fired == [f"c{i}" for i in range(6)]
+        assert r.server.gets == 3  # the three left, read one by one (below the threshold)
 
 
 async def test_a_reentry_seen_on_the_stream_pages_on_the_new_episodes_clock() -> None:

@@ -450,3 +450,48 @@ async def test_a_large_notification_holds_back_only_its_groups_rows(tmp_path: Pa
             assert await db.flush_async() == 0
             await asyncio.sleep(HOLD_MAX)
             assert await db.flush_async() == 1
+
+
+# -- holding a burst that is fired piece by piece -------------------------------------
+
+
+async def test_a_burst_put_during_a_hold_is_one_notification_when_it_ends(tmp_path: Path) -> None:
+    """With group_wait 0, alerts put over two seconds under a hold reach the receiver as
+    one notification when the hold ends; one resolved before the end is in it as
+    resolved (as Alertmanager sends a group's resolved alerts with it), never as firing;
+    a group no held alert reached flushes meanwhile."""
+    route = {
+        "receiver": "r",
+        "group_by": ["identity"],
+        "group_wait": "0s",
+        "group_interval": "1s",
+    }
+    async with dispatcher(tmp_path, route=route) as (d, rec, _):
+        loop = asyncio.get_running_loop()
+        d.put(alert("o1", identity="other"))
+        with d.holding():
+            for i in range(20):
+                d.put(alert(f"c{i}"))
+                await asyncio.sleep(0.1)
+            d.put(alert("c3", resolved=True))
+            assert [[a.labels["chat_id"] for a in n.alerts] for n in rec.sent] == [["o1"]]
+            ended = loop.time()
+        await asyncio.sleep(0.01)
+        assert len(rec.sent) == 2 and rec.at[1] == round(ended, 6)
+        said = sorted((a.labels["chat_id"], a.status) for a in rec.sent[1].alerts)
+        assert said == sorted((f"c{i}", "resolved" if i == 3 else "firing") for i in range(20))
+        await asyncio.sleep(5)
+        assert len(rec.sent) == 2
+
+
+async def test_a_hold_never_keeps_a_group_quiet_past_its_bound(tmp_path: Path) -> None:
+    """A hold that is never released (a burst whose listing hangs) delays its groups'
+    first notification by HOLD_FLUSH_MAX at most."""
+    route = {"receiver": "r", "group_wait": "0s", "group_interval": "1s"}
+    async with dispatcher(tmp_path, route=route) as (d, rec, _):
+        loop = asyncio.get_running_loop()
+        with d.holding():
+            started = loop.time()
+            d.put(alert("c1"))
+            await asyncio.sleep(dispatch_module.HOLD_FLUSH_MAX + 1)
+            assert [round(t - started, 3) for t in rec.at] == [dispatch_module.HOLD_FLUSH_MAX]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import pytest
+import structlog.testing
 
 from tests.conftest import Sim
 from watchd.alerting.model import Alert
@@ -272,7 +273,8 @@ async def test_capacity_reads_learn_two_hundred_flags_paced_within_the_documente
     """200 running chats queued before watchd watched (so no capacity_change reached it):
     asked for their flags, the reconciler reads each by GET at CAPACITY_READ_RATE, every
     flag learned within 200/rate seconds (+1), never faster than the pace; past
-    CAPACITY_READS_MAX waiting, the rest are counted as dropped."""
+    CAPACITY_READS_MAX waiting, the rest are counted as dropped, logged once while the
+    queue stays full."""
     alice = sim.state.add_user("alice")
     sim.state.faults.capacity_roots = 0
     chats = [sim.state.add_chat(alice, status="running") for _ in range(200)]
@@ -292,8 +294,12 @@ async def test_capacity_reads_learn_two_hundred_flags_paced_within_the_documente
             )
             took = loop.time() - started
             assert (200 - 1) / CAPACITY_READ_RATE <= took <= 200 / CAPACITY_READ_RATE + 1
-            r.watcher.rereads.learn_capacity([f"x{i}" for i in range(CAPACITY_READS_MAX + 7)])
-            assert r.health.capacity_reads_dropped == 7
+            with structlog.testing.capture_logs() as logged:
+                r.watcher.rereads.learn_capacity([f"x{i}" for i in range(CAPACITY_READS_MAX + 7)])
+                for page in range(3):  # a burst asks page by page: one line, all counted
+                    r.watcher.rereads.learn_capacity([f"y{page}-{i}" for i in range(5)])
+            assert r.health.capacity_reads_dropped == 7 + 15
+            assert [e["chats"] for e in logged if e["event"] == "capacity.reads_dropped"] == [7]
         finally:
             reconcile.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from watchd.alerting import stages
@@ -45,6 +45,10 @@ MAX_FLUSH = 60.0
 # rows held back (GroupRows.holding): a burst's POST and the serialising of its rows in
 # the writer's thread would share the interpreter.
 HOLD_WRITES_AT = 1_000
+# A burst that a confirmation listing fires page by page (watchd.detection.paged) holds
+# the groups it reaches until all of it is in (Dispatcher.holding), at most this long: a
+# hold never keeps a group quiet for longer.
+HOLD_FLUSH_MAX = 30.0
 
 
 @dataclass
@@ -55,6 +59,7 @@ class Group:
     alerts: dict[str, Alert] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    held: bool = False  # an alert came in during a hold: flush when it ends
 
 
 class Dispatcher:
@@ -89,6 +94,9 @@ class Dispatcher:
         self.muted = {"silenced": 0, "inhibited": 0}
         self.group_overflow = 0
         self._closing = False
+        self._holds = 0
+        self._released = asyncio.Event()
+        self._released.set()
         # Told (receiver, seconds from first attempt to acceptance) after each delivery.
         self.on_delivered: Callable[[str, float], None] | None = None
 
@@ -100,6 +108,21 @@ class Dispatcher:
         self.alerts[alert.fingerprint] = alert
         for route in self.route.match(alert.labels):
             self._insert(route, alert, persist=True)
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """While a burst is fired piece by piece: a group an alert reaches meanwhile waits
+        for the end of the hold before it flushes (at most HOLD_FLUSH_MAX), so the burst
+        is one notification per group, as if it had been fired in one pass. Groups the
+        hold's alerts do not reach flush as usual."""
+        self._holds += 1
+        self._released.clear()
+        try:
+            yield
+        finally:
+            self._holds -= 1
+            if not self._holds:
+                self._released.set()
 
     def restore(self) -> int:
         """Reload the groups' alerts from the last run (call inside the running loop)."""
@@ -142,6 +165,8 @@ class Dispatcher:
             self.stats[route.receiver].dropped += 1
             return
         group.alerts[alert.fingerprint] = alert
+        if self._holds:
+            group.held = True
         if persist:
             self.rows.save(route.receiver, key, alert.fingerprint, alert)
         group.dirty.set()
@@ -151,6 +176,11 @@ class Dispatcher:
     async def _run_group(self, group: Group) -> None:
         await asyncio.sleep(group.route.group_wait)
         while True:
+            if group.held:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(HOLD_FLUSH_MAX):
+                        await self._released.wait()
+                group.held = False
             group.dirty.clear()
             await self.flush(group)
             if not group.alerts:

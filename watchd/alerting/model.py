@@ -10,10 +10,11 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from hashlib import sha256
-from typing import Protocol, TextIO
+from typing import Protocol, TextIO, runtime_checkable
 
 from watchd.config.fields import duration_text, format_duration
 
@@ -147,6 +148,16 @@ class AlertSink(Protocol):
     """Where alert state changes go. ``put`` never blocks."""
 
     def put(self, alert: Alert) -> None: ...
+
+
+@runtime_checkable
+class HoldingSink(Protocol):
+    """A sink that can hold what it sends while a burst is put piece by piece (the
+    dispatcher: :meth:`watchd.alerting.dispatch.Dispatcher.holding`)."""
+
+    def put(self, alert: Alert) -> None: ...
+
+    def holding(self) -> AbstractContextManager[None]: ...
 
 
 class ConsoleSink:

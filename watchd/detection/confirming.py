@@ -22,13 +22,14 @@ from collections.abc import Set as AbstractSet
 
 import structlog
 
+from watchd.alerting.model import Alert
 from watchd.coder.errors import CoderError, PayloadError
 from watchd.detection.alerts import Renderer
 from watchd.detection.budgets import Clock
-from watchd.detection.drafting import Drafted, Drafting, LatePages
 from watchd.detection.ledger import ClockKey, Ledger
+from watchd.detection.paged import LatePages, PagedFire
 from watchd.detection.timers import ServerTimers
-from watchd.detection.verdicts import Verdicts, identified
+from watchd.detection.verdicts import Verdicts
 from watchd.detection.watched import Arming, Watched
 from watchd.kits import logs
 from watchd.kits.clock import WallClock
@@ -150,73 +151,86 @@ class Confirming:
                 return
 
     async def _by_listing(self, w: Watched, batch: list[ClockKey]) -> None:
+        """Confirm ``batch`` by one listing: each chat fires as the page that re-read it
+        is applied (:class:`PagedFire`), the dispatcher holding what they reach until the
+        listing ends; chats that came due during the listing and a later page read are
+        confirmed by it too (:class:`LatePages`). A chat no page read is confirmed again
+        (by GET, when few are left); a listing that fails leaves the chats it had not read
+        to be retried, those it read having fired on their pages' evidence."""
         self.counters["confirm_listing"] += 1
         loop = asyncio.get_running_loop()
         started = loop.time()
         pages = LatePages(w.pending, batch)
-        drafting = Drafting(lambda key: self._draft(w, key), batch)
+        fired: list[Alert] = []
+        burst = len(batch)
+
+        async def fire(keys: list[ClockKey]) -> None:
+            fired.extend(await self.verdicts.fire_read(w, self._records(keys), burst=burst))
+
+        async def prepare() -> None:
+            await self.verdicts.read_builds(w, [r for r, _ in self._records(batch)])
+
+        paged = PagedFire(fire, batch, prepare=prepare)
+        late: list[ClockKey] = []
 
         def seen(present: AbstractSet[str]) -> None:
-            pages.seen(present)
-            drafting.seen(present)
+            confirmed = [key for key in pages.seen(present) if key in w.pending]
+            for key in confirmed:
+                w.due_by = max(w.due_by, w.pending.pop(key))
+            late.extend(confirmed)
+            paged.seen(present)
+            paged.add(confirmed)
 
-        # Under the guard, not restarted: a drafter that raised leaves fewer drafts, and
-        # the fire pass renders the rest itself.
-        drafter = spawn(
-            f"draft:{w.health.name}", drafting.run, kind="confirm", eternal=False, restart=False
-        )
-        try:
-            await w.confirmer.relist(on_page=seen)
-        except (CoderError, PayloadError) as exc:
-            self._failed(w, batch, exc)
+        failed: Exception | None = None
+        with self.ledger.holding():
+            # Under the guard, not restarted: what it leaves unjudged is judged below.
+            firer = spawn(
+                f"fire:{w.health.name}", paged.run, kind="confirm", eternal=False, restart=False
+            )
+            try:
+                await w.confirmer.relist(on_page=seen)
+            except (CoderError, PayloadError) as exc:
+                failed = exc
+            except BaseException:
+                firer.cancel()
+                raise
+            paged.close()
+            await firer
+            # What the firer left (it raised): judged here, on the same pages' evidence.
+            left = [
+                k for k in (*batch, *late) if k not in paged.judged and k[1] not in paged.unread
+            ]
+            if left:
+                fired += await self.verdicts.fire_read(w, self._records(left), burst=burst)
+            self.ledger.settle_incidents()
+        self.verdicts.said(w, fired, burst=burst)
+        unread = [k for keys in paged.unread.values() for k in keys]
+        if failed is not None:
+            self._failed(w, unread, failed)
             return
-        finally:
-            drafter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await drafter
         for key in batch:
             w.failures.pop(key, None)
-        # Chats that came due while the listing ran and that a later page read: this
-        # listing confirms them too (no second listing a second later).
-        late = [key for key in pages.confirmed if key in w.pending]
-        for key in late:
-            w.due_by = max(w.due_by, w.pending.pop(key))
+        for key in unread:  # not re-read: confirmed again, never fired on old evidence
+            w.pending[key] = w.due_by
+        if unread:
+            w.wake.set()
         log.info(
             "confirm.listed",
             identity=w.health.name,
             due=len(batch),
             late=len(late),
+            unread=len(unread),
             seconds=round(loop.time() - started, 3),
         )
+
+    def _records(self, keys: list[ClockKey]) -> list[tuple[ChatRecord, Clock]]:
+        """The due chats' records as they stand, with the clock each is due on."""
         items: list[tuple[ChatRecord, Clock]] = []
-        for identity, chat_id, clock in (*batch, *late):
+        for identity, chat_id, clock in keys:
             rec = self.store.get(identity, chat_id)
             if rec is not None:
                 items.append((rec, "stalled" if clock == "stalled" else "status"))
-        await self.verdicts.fire(w, items, drafts=drafting.drafts)
-
-    def _draft(self, w: Watched, key: ClockKey) -> Drafted | None:
-        """A due chat's alert drafted from its record as a page re-read it, or None when
-        the chat is no longer past budget (the fire pass says "unfounded") or fires."""
-        rec = self.store.get(key[0], key[1])
-        if rec is None:
-            return None
-        clock: Clock = "stalled" if key[2] == "stalled" else "status"
-        past = self.verdicts.past(w, rec, clock)
-        if past is None:
-            return None
-        since, fp = identified(w, rec, clock, past)
-        if fp in self.ledger.firing:
-            return None
-        draft = self.renderer.draft(
-            rec,
-            deployment=w.health.deployment,
-            labels=w.labels,
-            name=past.alert,
-            limit=past.budget,
-            since=since,
-        )
-        return Drafted(rec, past, since, fp, draft)
+        return items
 
     async def _one(self, w: Watched, key: ClockKey) -> None:
         with structlog.contextvars.bound_contextvars(identity=key[0], chat_id=key[1]):

@@ -13,16 +13,18 @@ Renders nothing (:mod:`watchd.detection.alerts`) and decides nothing
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from logging import DEBUG
 from typing import Any, get_args
 
 import orjson
 
-from watchd.alerting.model import Alert, AlertSink, resolution
+from watchd.alerting.model import Alert, AlertSink, HoldingSink, resolution
 from watchd.detection import telling
 from watchd.detection.alerts import recaused, said_invalid
 from watchd.detection.budgets import ChatVerdict
@@ -177,15 +179,26 @@ class Ledger:
         self._fire(alert, identity, chat_id, say=log.debug if quiet else log.warning)
         self.settle_incidents()
 
-    def fire_all(self, alerts: Iterable[tuple[Alert, str, str | None]], *, quiet: bool) -> None:
+    def holding(self) -> AbstractContextManager[None]:
+        """While a burst is fired piece by piece: the sink sends none of it until the
+        block ends (a sink that cannot hold sends as it goes)."""
+        sink = self.sink
+        return sink.holding() if isinstance(sink, HoldingSink) else contextlib.nullcontext()
+
+    def fire_all(
+        self, alerts: Iterable[tuple[Alert, str, str | None]], *, quiet: bool, settle: bool = True
+    ) -> None:
         """Fire each (alert, identity, chat id) in turn, as :meth:`fire` would; ``alerts``
-        may be a generator that renders the next only once the last has fired."""
+        may be a generator that renders the next only once the last has fired. Without
+        ``settle``, the incidents they join are settled by the caller's
+        :meth:`settle_incidents` (a burst fired piece by piece settles once)."""
         # Whether a quiet line is written at all is asked once, not per alert: building
         # the filtered debug line was a tenth of a ten-thousand-alert burst's fire pass.
         say = log.warning if not quiet else log.debug if log.is_enabled_for(DEBUG) else None
         for alert, identity, chat_id in alerts:
             self._fire(alert, identity, chat_id, say=say)
-        self.settle_incidents()
+        if settle:
+            self.settle_incidents()
 
     def _fire(
         self, alert: Alert, identity: str, chat_id: str | None, *, say: Callable[..., Any] | None

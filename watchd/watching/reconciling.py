@@ -94,6 +94,7 @@ class Reconciler:
         # admitted: the event does not say which) or "contradicted" (an older stamp named
         # another status: store.take_contradicted).
         self.to_confirm: dict[str, str] = {}
+        self._dropping = False  # the last capacity ask found the queue full
         self._absent_wake = asyncio.Event()
         # Which of the clock warnings this identity has said (each once): date, stamps,
         # behind (the watcher's).
@@ -150,7 +151,15 @@ class Reconciler:
             waiting += 1
         if dropped:
             self.health.capacity_reads_dropped += dropped
-            log.info("capacity.reads_dropped", identity=self.name, chats=dropped)
+            if not self._dropping:  # once while the queue stays full (a burst asks per page)
+                log.info(
+                    "capacity.reads_dropped",
+                    identity=self.name,
+                    chats=dropped,
+                    note="the queue is full: further drops are counted in "
+                    "capacity_reads_dropped, not logged, until it has room",
+                )
+        self._dropping = dropped > 0
         self._absent_wake.set()
         return accepted
 
