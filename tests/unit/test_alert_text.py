@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from watchd.alerting.receivers.base import rfc3339
 from watchd.detection.alerts import iso
 
 
@@ -39,6 +40,19 @@ def test_iso_matches_datetime_on_many_stamps() -> None:
     stamps += [1764600000 + i / 1000 for i in range(3000)]
     for ts in stamps:
         assert iso(ts) == datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+def test_rfc3339_is_alertmanagers_millisecond_text_on_many_stamps() -> None:
+    """rfc3339() (a remembered second and its milliseconds) says what datetime says of
+    the stamp rounded to the millisecond, with a Z; None is Go's zero time."""
+    rng = random.Random(29)
+    stamps = [rng.uniform(0, 4e9) for _ in range(5000)]
+    stamps += [1764600000 + i / 1000 + 0.0004 for i in range(3000)] + [0.0, 1e9 + 0.9996]
+    for ts in stamps:
+        ms = round(ts * 1000)
+        want = datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+        assert rfc3339(ts) == want.replace("+00:00", "Z"), ts
+    assert rfc3339(None) == "0001-01-01T00:00:00Z"
 
 
 def test_live_durations_are_format_duration() -> None:

@@ -215,6 +215,29 @@ async def test_by_default_a_fleet_incident_holds_back_its_members_pages(tmp_path
         assert d.muted["inhibited"] == 6
 
 
+def test_a_rule_whose_source_names_no_alertname_still_inhibits() -> None:
+    """An inhibit rule whose source is matched by another label than alertname (beside
+    one that names it) still finds its sources: the index passes over by alertname only
+    when every rule names one."""
+    rules = [
+        *default_inhibit(),
+        InhibitRule(
+            source_matchers=['severity="critical"', 'team=~"a.*"'],
+            target_matchers=['alertname="ChatStuck"'],
+            equal=["identity"],
+        ),
+    ]
+    source = Alert(
+        "s", {"alertname": "Anything", "severity": "critical", "team": "ab", "identity": "a"}
+    )
+    named = Alert("u", {"alertname": "IdentityUnhealthy", "identity": "b"})
+    inhibited = Inhibitor(rules).prepare([source, named, alert("x", identity="c")])
+    assert inhibited(alert("1", identity="a")) and inhibited(alert("2", identity="b"))
+    assert not inhibited(alert("3", identity="c"))
+    only_named = Inhibitor(default_inhibit()).prepare([source, named])
+    assert not only_named(alert("1", identity="a")) and only_named(alert("2", identity="b"))
+
+
 async def test_transient_failure_retries_after_exactly_retry_after(tmp_path: Path) -> None:
     """A retryable failure is retried after max(backoff, Retry-After) — here exactly the
     server's 3 s — then recorded in the notification log."""

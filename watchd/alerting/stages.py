@@ -56,9 +56,12 @@ def mute(
         # Nothing can mute: no index of every firing alert to build for a burst's flush.
         return list(alerts)
     inhibited = inhibitor.prepare(active)
+    silences = bool(silencer.silences)
+    if not silences and not inhibited.sources:
+        return list(alerts)  # no silence, and no firing alert is a source: nothing mutes
     out = []
     for a in alerts:
-        if silencer.muted_by(a.labels, now):
+        if silences and silencer.muted_by(a.labels, now):
             counts["silenced"] += 1
             continue
         if a.firing and inhibited(a):

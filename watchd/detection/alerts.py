@@ -12,7 +12,6 @@ import dataclasses
 import math
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import NamedTuple
 
 from watchd.alerting.model import Alert
@@ -27,6 +26,7 @@ from watchd.detection.diagnosis import (
     ledger_keys,
     pending_text,
 )
+from watchd.kits.clock import utc_second
 from watchd.store.records import (
     CLOCK_LOWER_BOUND,
     CLOCK_SYNTHESIZED,
@@ -67,16 +67,8 @@ def iso(ts: float) -> str:
     elif us < 0:
         us += 1_000_000
         whole -= 1.0
-    second = int(whole)
-    head = _SECONDS.get(second)
-    if head is None:
-        if len(_SECONDS) >= 4096:
-            _SECONDS.clear()
-        head = _SECONDS[second] = datetime.fromtimestamp(second, tz=UTC).isoformat()[:19]
+    head = utc_second(int(whole))
     return f"{head}.{us:06d}Z" if us else f"{head}Z"
-
-
-_SECONDS: dict[int, str] = {}
 
 
 class Renderer:

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Protocol
 
@@ -177,3 +178,18 @@ def best_agreement(intervals: Iterable[tuple[float, float]]) -> float:
         if count > best:
             best, lo, hi = count, x, edges[i + 1][0]
     return (lo + hi) / 2.0
+
+
+def utc_second(second: int) -> str:
+    """``YYYY-MM-DDTHH:MM:SS`` of a whole UTC second, remembered: a burst's alerts put
+    thousands of stamps of a few seconds into words (their fractions are added by the
+    caller)."""
+    text = _SECONDS.get(second)
+    if text is None:
+        if len(_SECONDS) >= 4096:
+            _SECONDS.clear()
+        text = _SECONDS[second] = datetime.fromtimestamp(second, tz=UTC).isoformat()[:19]
+    return text
+
+
+_SECONDS: dict[int, str] = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from itertools import repeat
 from typing import Any, Protocol
 
@@ -19,6 +18,7 @@ import orjson
 from watchd.alerting.model import Alert
 from watchd.kits import logs
 from watchd.kits.backoff import retry_hint
+from watchd.kits.clock import utc_second
 from watchd.kits.redaction import REGISTRY
 
 log = logs.get("watchd.alerting")
@@ -27,23 +27,11 @@ ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
 def rfc3339(ts: float | None) -> str:
+    """Alertmanager's time text, to the millisecond (``…T…:…:….mmmZ``)."""
     if ts is None:
         return ZERO_TIME
-    ms = round(ts * 1000)
-    text = _RFC3339.get(ms)
-    if text is None:
-        # Alerts of one burst share their millisecond: remember the last few thousand.
-        if len(_RFC3339) >= 4096:
-            _RFC3339.clear()
-        text = _RFC3339[ms] = (
-            datetime.fromtimestamp(ms / 1000, tz=UTC)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z")
-        )
-    return text
-
-
-_RFC3339: dict[int, str] = {}
+    second, ms = divmod(round(ts * 1000), 1000)
+    return f"{utc_second(second)}.{ms:03d}Z"
 
 
 @dataclass(frozen=True)
