@@ -1076,6 +1076,38 @@ def _listing(
     return relist
 
 
+async def test_a_burst_fired_page_by_page_holds_the_state_flush_until_the_listing_ends(
+    tmp_path: Path,
+) -> None:
+    """While a burst's listing fires its pages, the state file's flush writes nothing
+    (its rows would share the interpreter with the listing); once the listing ends, the
+    alerts fired meanwhile are written."""
+    db = StateFile(tmp_path / "state.sqlite3")
+    seen: list[tuple[bool, int]] = []
+    async with rig(Budgets(running=60), db=db, listing_threshold=5) as r:
+        r.ready()
+        await r.settle()
+        for i in range(9):
+            r.see(f"c{i}", "running", r.clock.now() - 120)
+        flushed: list[int] = []
+
+        def between(page: int) -> None:
+            seen.append((db.held, len(r.sink.alerts)))
+
+        paged = _paged(r, size=3, between=between)
+
+        async def relist(*, on_page: Callable[[AbstractSet[str]], None] | None = None) -> None:
+            await paged(on_page=on_page)
+            flushed.append(await db.flush_async())  # the state watch's tick, mid-burst
+
+        r.det.watched["a"].confirmer.relist = relist  # type: ignore[method-assign]
+        await r.settle()
+        assert [held for held, _ in seen] == [True, True, True] and flushed == [0]
+        assert len(r.sink.alerts) == 9 and not db.held
+        assert await db.flush_async() >= 9
+    db.close()
+
+
 async def test_a_due_chat_no_page_read_is_confirmed_by_get_not_fired_on_old_evidence() -> None:
     """A burst's chat that its confirming listing never read fires only once a GET
     re-reads it past its budget, and one that GET finds gone never fires: what a page

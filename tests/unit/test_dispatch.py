@@ -426,21 +426,24 @@ async def test_an_alert_past_the_group_limit_is_counted_not_lost_silently(
         assert rec.at == [WAIT] and rec.sent[0].alerts[0].labels["alertname"] == "ChatStuck"
 
 
-async def test_a_large_notification_holds_back_only_its_groups_rows(tmp_path: Path) -> None:
-    """A notification of HOLD_WRITES_AT alerts or more is sent with the groups' rows held
-    back (not one of fewer) while the other owners' rows are written at once; the groups'
-    rows go with the first flush after the send, or after HOLD_MAX if it never ends."""
+async def test_a_large_notification_holds_the_state_flush_while_it_is_sent(
+    tmp_path: Path,
+) -> None:
+    """A notification of HOLD_WRITES_AT alerts or more is sent with the state file's flush
+    held (not one of fewer): nothing is written while it is on the wire, everything
+    pending goes with the first flush after the send, or after HOLD_MAX if it never
+    ends."""
     from watchd.alerting.dispatch import HOLD_WRITES_AT
-    from watchd.alerting.grouprows import HOLD_MAX
     from watchd.store.records import ChatRecord
     from watchd.store.rows import ChatRows
+    from watchd.store.sqlite import HOLD_MAX
 
     held: list[bool] = []
     rec = Recorder()
     notify = rec.notify
 
     async def slow_notify(n: Notification) -> None:
-        held.append(bool(rows._holds))
+        held.append(db.held)
         await asyncio.sleep(0.5)  # the POST of a burst's body
         await notify(n)
 
@@ -461,14 +464,14 @@ async def test_a_large_notification_holds_back_only_its_groups_rows(tmp_path: Pa
             d.put(alert(f"big-{i}"))
         for _ in range(10):  # a few loop turns: the group's flush starts sending the body
             await asyncio.sleep(0)
-        assert rows._holds == 1
+        assert db.held
         chats.mark(ChatRecord("a", "c1", "running", 1.0, "transition", 1.0, 1.0))
-        assert await db.flush_async() == 1  # the chat, at once; not the groups' rows
-        assert rows.pending == HOLD_WRITES_AT + 1 and chats.pending == 0
+        assert await db.flush_async() == 0  # held: nothing, not even the chat
+        assert rows.pending == HOLD_WRITES_AT + 1 and chats.pending == 1
         await asyncio.sleep(0.5)  # the send ends
-        assert held == [False, True] and rows._holds == 0
-        assert await db.flush_async() == HOLD_WRITES_AT + 1
-        with rows.holding():  # a send that never ends: the rows go after HOLD_MAX
+        assert held == [False, True] and not db.held
+        assert await db.flush_async() == HOLD_WRITES_AT + 2
+        with db.holding():  # a send that never ends: the rows go after HOLD_MAX
             rows.delete("r", "gone", ["fp"])
             assert await db.flush_async() == 0
             await asyncio.sleep(HOLD_MAX)

@@ -41,8 +41,8 @@ MAX_GROUPS = 10_000
 MAX_ALERTS_PER_GROUP = 10_000
 # One flush (with its retries) may take at most this long; the next flush retries.
 MAX_FLUSH = 60.0
-# A notification of this many alerts (a megabyte of webhook body) is sent with the groups'
-# rows held back (GroupRows.holding): a burst's POST and the serialising of its rows in
+# A notification of this many alerts (a megabyte of webhook body) is sent with the state
+# file's flush held (StateFile.holding): a burst's POST and the serialising of its rows in
 # the writer's thread would share the interpreter.
 HOLD_WRITES_AT = 1_000
 # A burst that a confirmation listing fires page by page (watchd.detection.paged) holds
@@ -239,7 +239,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         first_attempt = loop.time()
         large = len(notification.alerts) >= HOLD_WRITES_AT
-        with self.rows.holding() if large else contextlib.nullcontext():
+        with self.rows.file.holding() if large else contextlib.nullcontext():
             sent = await stages.retry_notify(
                 notification,
                 notifier=notifier,

@@ -2,28 +2,20 @@
 
 The dispatcher's part of the state file: each (receiver, group key, fingerprint) it
 holds, saved and deleted as groups change and written by the once-a-second flush (an
-alert is serialised then, not when queued: a burst of alerts costs one pass). While a
-notification of a thousand alerts or more is built and sent (:meth:`GroupRows.holding`)
-these rows wait, at most HOLD_MAX: serialising the burst's bodies in the writer thread
-would share the interpreter with the POST. Only these rows wait; the chats, the alerts
-and the notification log of the same flush are written as usual. This module must not
-decide which group an alert belongs to.
+alert is serialised then, not when queued: a burst of alerts costs one pass; while a
+large notification is sent the flush waits: :meth:`watchd.store.sqlite.StateFile.holding`).
+This module must not decide which group an alert belongs to.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import orjson
 
 from watchd.store.sqlite import Part, StateFile, dumps
-
-# The longest a large notification holds these rows back; then they are written anyway.
-HOLD_MAX = 2.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS dispatch (
@@ -47,8 +39,6 @@ class GroupRows(Part):
     def __init__(self, file: StateFile) -> None:
         super().__init__(file)
         self._pending: dict[_Key, Body | None] = {}
-        self._holds = 0  # large notifications being sent now
-        self._held_since = 0.0  # the loop's time the first of them began
 
     def save(self, receiver: str, group_key: str, fingerprint: str, alert: Body) -> None:
         """``alert`` is serialised (``to_json()``) when the batch is written."""
@@ -64,18 +54,6 @@ class GroupRows(Part):
         rows = self.file.read("SELECT receiver, group_key, alert FROM dispatch")
         return [(r, g, orjson.loads(a)) for r, g, a in rows]
 
-    @contextlib.contextmanager
-    def holding(self) -> Iterator[None]:
-        """While a large notification is built and sent: these rows are not taken by a
-        flush (for at most HOLD_MAX). Nothing is dropped; it is written a little later."""
-        if not self._holds:
-            self._held_since = asyncio.get_running_loop().time()
-        self._holds += 1
-        try:
-            yield
-        finally:
-            self._holds -= 1
-
     @property
     def pending(self) -> int:
         return len(self._pending)
@@ -83,21 +61,8 @@ class GroupRows(Part):
     def take(self) -> dict[_Key, Body | None] | None:
         if not self._pending:
             return None
-        if self._held():
-            return None
         batch, self._pending = self._pending, {}
         return batch
-
-    def _held(self) -> bool:
-        """A large send is on the wire, not for HOLD_MAX yet (a flush outside the loop,
-        at start or stop, is never held)."""
-        if not self._holds:
-            return False
-        try:
-            now = asyncio.get_running_loop().time()
-        except RuntimeError:
-            return False
-        return now - self._held_since < HOLD_MAX
 
     def restore(self, batch: dict[_Key, Body | None]) -> None:
         for k, b in batch.items():

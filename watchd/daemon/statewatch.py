@@ -2,9 +2,9 @@
 
 Once a second, or at once (after HURRY_GATHER) when an owner hurries it — a chat's
 observed transition or tombstone — the pending state (chat clocks, alerts, group state)
-is committed off the loop (the dispatch groups' rows up to HOLD_MAX later while a
-notification of a thousand alerts or more is being sent, so their serialising and the
-POST do not share the interpreter). When a
+is committed off the loop (up to HOLD_MAX later while a burst is fired or a notification
+of a thousand alerts or more is sent, so serialising their rows and that work do not
+share the interpreter: ``StateFile.holding``). When a
 write fails — disk full, read-only filesystem, I/O error — the daemon keeps watching and
 alerting: the batch stays pending, the flush is retried with backoff (1 s doubling to
 60 s), every failure is counted, and **StateNotPersisted** (critical) fires until a write

@@ -16,8 +16,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from logging import DEBUG
 from typing import Any, get_args
@@ -179,11 +178,17 @@ class Ledger:
         self._fire(alert, identity, chat_id, say=log.debug if quiet else log.warning)
         self.settle_incidents()
 
-    def holding(self) -> AbstractContextManager[None]:
-        """While a burst is fired piece by piece: the sink sends none of it until the
-        block ends (a sink that cannot hold sends as it goes)."""
-        sink = self.sink
-        return sink.holding() if isinstance(sink, HoldingSink) else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """While a burst is fired piece by piece: the sink sends none of it (a sink that
+        cannot hold sends as it goes) and the state file writes nothing (for at most its
+        HOLD_MAX) until the block ends."""
+        with contextlib.ExitStack() as held:
+            if isinstance(self.sink, HoldingSink):
+                held.enter_context(self.sink.holding())
+            if self.stored is not None:
+                held.enter_context(self.stored.file.holding())
+            yield
 
     def fire_all(
         self, alerts: Iterable[tuple[Alert, str, str | None]], *, quiet: bool, settle: bool = True
