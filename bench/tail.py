@@ -5,9 +5,13 @@ the daemon's own listing" into its parts.
 The detector, ledger, renderer and dispatcher are the real ones; the Coder side is the
 unit tests' fake confirmer (``tests/unit/test_detector.py``: a listing that applies the
 same chats, facts without workspace reads) and the receiver records the notification,
-whose webhook body is then encoded as the webhook receiver would. Each part is CPU time
-of the loop thread, so a busy machine moves it less than wall time. The baseline is the
-floor of the last part: ``orjson.dumps`` of the same alerts as plain dicts.
+whose webhook body is then encoded as the webhook receiver would. A burst fires as the
+listing's pages arrive (``watchd/detection/paged.py``), so its cost is split: the loop's
+CPU after the last page (what the tail waits for beyond the listing), and the firing per
+alert wherever it ran (the listing's CPU less the same listing with nothing due, plus
+the part after it). Each part is CPU time of the loop thread, so a busy machine moves
+it less than wall time. The body's baseline is ``orjson.dumps`` of the same alerts as
+plain dicts.
 """
 
 from __future__ import annotations

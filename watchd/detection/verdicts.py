@@ -153,12 +153,20 @@ class Verdicts:
             return []
         pending = self._ask_capacity(w, due)
         fired: list[Alert] = []
+        # What the reader says without a read depends on the chat's workspace and status
+        # only: asked once per pair, not once per chat.
+        known: dict[tuple[str | None, str], Facts] = {}
         for at in range(0, len(due), FIRE_STEP):
             step = due[at : at + FIRE_STEP]
-            facts = [
-                await self._read(w, self.store.get(d[0].identity, d[0].chat_id) or d[0])
-                for d in step
-            ]
+            facts: list[Facts] = []
+            for d in step:
+                rec = self.store.get(d[0].identity, d[0].chat_id) or d[0]
+                got = known.get((rec.workspace_id, rec.status))
+                if got is None:
+                    got = known[(rec.workspace_id, rec.status)] = await self._read(w, rec)
+                    facts.append(got)
+                else:
+                    facts.append(Facts(rec, got.build, got.quota, got.build_checked))
             fired += self._fire_due(w, step, facts, burst=burst, pending=pending, settle=False)
             await asyncio.sleep(0)
         return fired
