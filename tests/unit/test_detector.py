@@ -1109,9 +1109,12 @@ async def test_a_burst_fired_page_by_page_holds_the_state_flush_until_the_listin
 
 
 async def test_a_due_chat_no_page_read_is_confirmed_by_get_not_fired_on_old_evidence() -> None:
-    """A burst's chat that its confirming listing never read fires only once a GET
-    re-reads it past its budget, and one that GET finds gone never fires: what a page
-    did not show is confirmed again, not fired on the record from before."""
+    """A burst's chat that its confirming listing never read is not fired on the record
+    from before: it is confirmed again RETRY_CONFIRM_AFTER later (by GET, being few),
+    firing then if still past budget, never if that GET finds it gone; nothing is
+    relisted meanwhile."""
+    from watchd.detection.confirming import RETRY_CONFIRM_AFTER
+
     async with rig(Budgets(running=60), listing_threshold=5) as r:
         r.ready()
         await r.settle()
@@ -1120,6 +1123,12 @@ async def test_a_due_chat_no_page_read_is_confirmed_by_get_not_fired_on_old_evid
         r.det.watched["a"].confirmer.relist = _listing(r, size=3, skip={"c0", "c1"})  # type: ignore[method-assign]
         r.server.chats.pop("c1")  # deleted on the server; the store still has it
         await r.settle()
+        fired = sorted(a.labels["chat_id"] for a in r.sink.alerts if a.firing)
+        assert fired == ["c2", "c3", "c4", "c5", "c6", "c7"]
+        r.advance(RETRY_CONFIRM_AFTER - 1)
+        await r.settle()
+        assert (r.server.lists, r.server.gets, len(r.sink.alerts)) == (1, 0, 6)
+        r.advance(2)
         await r.settle()
         fired = sorted(a.labels["chat_id"] for a in r.sink.alerts if a.firing)
         assert fired == ["c0", "c2", "c3", "c4", "c5", "c6", "c7"]

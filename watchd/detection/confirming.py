@@ -155,7 +155,7 @@ class Confirming:
         is applied (:class:`PagedFire`), the dispatcher holding what they reach until the
         listing ends; chats that came due during the listing and a later page read are
         confirmed by it too (:class:`LatePages`). A chat no page read is confirmed again
-        (by GET, when few are left); a listing that fails leaves the chats it had not read
+        RETRY_CONFIRM_AFTER later; a listing that fails leaves the chats it had not read
         to be retried, those it read having fired on their pages' evidence."""
         self.counters["confirm_listing"] += 1
         loop = asyncio.get_running_loop()
@@ -210,10 +210,12 @@ class Confirming:
             return
         for key in batch:
             w.failures.pop(key, None)
-        for key in unread:  # not re-read: confirmed again, never fired on old evidence
-            w.pending[key] = w.due_by
         if unread:
-            w.wake.set()
+            # Not re-read (a moving cursor skipped it, or it is gone): never fired on its
+            # old record; confirmed again later, by then most likely by GET, while the
+            # reconciler confirms what a complete listing lacked. Later, not at once: a
+            # fleet that vanished from listings must not be relisted in a loop.
+            self._retry_later(w, unread)
         log.info(
             "confirm.listed",
             identity=w.health.name,
@@ -263,10 +265,14 @@ class Confirming:
         the identity's health)."""
         self.counters["confirm_failed"] += 1
         log.warning("confirm.failed", identity=w.health.name, error=str(exc), chats=len(keys))
-        retry = w.health.server_clock.now() + RETRY_CONFIRM_AFTER  # timers keep server time
         error = str(exc)[:300]
         for key in keys:
             w.failures[key] = (w.failures.get(key, (0, ""))[0] + 1, error)
+        self._retry_later(w, keys)
+
+    def _retry_later(self, w: Watched, keys: list[ClockKey]) -> None:
+        """Arm ``keys`` to come due again RETRY_CONFIRM_AFTER from now."""
+        retry = w.health.server_clock.now() + RETRY_CONFIRM_AFTER  # timers keep server time
         for identity, chat_id, clock in keys:
             rec = self.store.get(identity, chat_id)
             if rec is not None:
