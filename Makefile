@@ -30,8 +30,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict watchd
 
 # Unit tests mostly wait on sockets and timers, so they run in parallel workers
-# (pytest-xdist); e2e and system tests start real processes and time them: one at a time.
+# (pytest-xdist). E2e and system tests start real processes and time them, with timeouts
+# sized for a loaded machine: they run in E2E_WORKERS workers (0: one at a time), every
+# system test on one worker in file order (tests/system/conftest.py), so at most one heavy
+# thing (a Docker build, a booted machine) runs beside one end-to-end test.
 UNIT_WORKERS ?= 4
+E2E_WORKERS ?= 2
 
 unit: $(STAMP)
 	$(BIN)/pytest -n $(UNIT_WORKERS) tests/unit
@@ -40,11 +44,11 @@ system-deps:
 	tests/setup/system-deps
 
 e2e: $(STAMP) system-deps
-	$(BIN)/pytest tests/e2e
+	$(BIN)/pytest -n $(E2E_WORKERS) tests/e2e
 
 test: lint typecheck system-deps
 	$(BIN)/pytest -n $(UNIT_WORKERS) tests/unit
-	$(BIN)/pytest tests/e2e tests/system
+	$(BIN)/pytest -n $(E2E_WORKERS) --dist loadgroup tests/e2e tests/system
 	$(BIN)/pytest tests/soak
 
 # The randomized soak (docs/testing.md): the real daemon against the simulator under motion
