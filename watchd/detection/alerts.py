@@ -98,9 +98,11 @@ class Renderer:
         measured_at: float,
         invalid: str | None = None,
         burst: int = 1,
+        cause_pending: bool = False,
     ) -> Alert:
         """``labels``: the identity's own; ``invalid``: coderd's message when a mutation
-        found the chat's execution state invalid; ``burst``: chats confirmed together."""
+        found the chat's execution state invalid; ``burst``: chats confirmed together;
+        ``cause_pending``: its capacity flag is being read (the cause may still move)."""
         d = self.draft(
             rec, deployment=deployment, labels=labels, name=name, limit=limit, since=since
         )
@@ -113,6 +115,7 @@ class Renderer:
             measured_at=measured_at,
             invalid=invalid,
             burst=burst,
+            cause_pending=cause_pending,
         )
 
     def draft(
@@ -126,7 +129,7 @@ class Renderer:
         since: float,
     ) -> Draft:
         """The part of a chat alert that the record alone decides (no clock, no facts, no
-        burst): drafted while a confirmation listing's pages arrive, finished after it."""
+        burst); :meth:`finish` adds the rest."""
         out: dict[str, str] = {}
         keys = self._label_keys
         cut = _labels_cut(rec.labels)
@@ -179,7 +182,6 @@ class Renderer:
             limit_text=duration_text(limit),
             since_text=iso(since),
             link=self.link_template.format(deployment=deployment, chat_id=rec.chat_id),
-            template=self.link_template,
             tail=tail,
             starts_at=since + limit,
         )
@@ -296,7 +298,6 @@ class Draft(NamedTuple):
     limit_text: str
     since_text: str
     link: str
-    template: str  # the link template it was drafted with (a reload may change it)
     tail: list[tuple[str, str]]
     starts_at: float
 

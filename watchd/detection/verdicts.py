@@ -230,17 +230,14 @@ class Verdicts:
             return None
         if fp in self.ledger.firing:
             return None
-        draft = self.renderer.draft(
+        invalid = self.ledger.invalid
+        alert = self.renderer.chat_alert(
             current,
             deployment=w.health.deployment,
             labels=w.labels,
             name=past.alert,
             limit=past.budget,
             since=since,
-        )
-        invalid = self.ledger.invalid
-        alert = self.renderer.finish(
-            draft,
             age=past.age,
             facts=got,
             fp=fp,
